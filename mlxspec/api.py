@@ -1,0 +1,160 @@
+"""The Python API: generate to a string, or stream chunks with stats at the end.
+
+    import mlxspec
+    pair = mlxspec.load()                       # the default pair
+    out = mlxspec.generate(pair, "def quicksort(xs):", max_tokens=64)
+    print(out.text, out.stats.acceptance_rate)
+
+    stream = mlxspec.stream_generate(pair, [{"role": "user", "content": "Hi"}], temp=0.7)
+    for chunk in stream:
+        print(chunk.text, end="", flush=True)  # chunk.token, chunk.from_draft
+    print(stream.stats.summary())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .draft_length import FixedK
+from .drafters import Drafter, ModelDrafter
+from .errors import MlxspecError
+from .sampling import SamplingParams
+from .speculative import DEFAULT_NUM_DRAFT, SpeculativeDecoder
+from .stats import GenerationStats
+
+
+@dataclass
+class Chunk:
+    text: str  # the new text (may be empty while a multi-byte character is incomplete)
+    token: int
+    from_draft: bool
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list
+    stats: GenerationStats
+
+
+def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[int]:
+    """A str (raw text, or chat-templated if chat_template=True), a list of chat
+    messages ({"role", "content"} dicts, always templated), or token ids."""
+    if isinstance(prompt, str):
+        if chat_template and getattr(tokenizer, "chat_template", None):
+            return list(tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True))
+        bos = getattr(tokenizer, "bos_token", None)
+        return list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        if not getattr(tokenizer, "chat_template", None):
+            raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
+        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) and prompt:
+        return list(prompt)
+    raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")
+
+
+def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0) -> Drafter:
+    """'model' (the pair's draft, the default when there is one), 'none', or a Drafter."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    if drafter is None:
+        drafter = "model" if pair.draft is not None else "none"
+    if drafter == "none":
+        return Drafter()
+    if drafter == "model":
+        if pair.draft is None:
+            raise MlxspecError("no draft model loaded: pass --draft MODEL, or use --no-draft")
+        return ModelDrafter(pair.draft, p_min=p_min)
+    from . import drafters
+
+    factory = getattr(drafters, "make_" + drafter.replace("-", "_"), None)
+    if factory is None:
+        raise MlxspecError(f"unknown drafter {drafter!r}")
+    return factory(pair)
+
+
+def make_policy(num_draft, drafter: Drafter):
+    if not drafter.max_k:
+        return FixedK(0)
+    if num_draft is None:
+        num_draft = DEFAULT_NUM_DRAFT
+    if num_draft == "auto":
+        from .draft_length import make_adaptive
+
+        return make_adaptive(drafter)
+    return FixedK(int(num_draft))
+
+
+def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0) -> SpeculativeDecoder:
+    d = make_drafter(pair, drafter, p_min)
+    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d), pair.context_length)
+
+
+class GenerationStream:
+    """Iterate for Chunks; afterwards `.stats`, `.tokens`, `.text` hold the results.
+    Closing the stream early (break, `close()`) leaves the decoder's caches
+    consistent with the tokens produced so far."""
+
+    def __init__(self, decoder: SpeculativeDecoder, tokenizer, history: list[int], params: SamplingParams,
+                 max_tokens: int, should_stop=None, eos_token_ids=None):
+        self.stats = GenerationStats()
+        self.tokens: list[int] = []
+        self.text = ""
+        self._tokenizer = tokenizer
+        self._history = history
+        eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
+        self._it = self._run()
+
+    def _run(self) -> Iterator[Chunk]:
+        detok = self._tokenizer.detokenizer
+        for token, from_draft in self._gen:
+            detok.add_token(token)
+            self.tokens.append(token)
+            seg = detok.last_segment
+            self.text += seg
+            yield Chunk(seg, token, from_draft)
+        detok.finalize()
+        tail = detok.last_segment
+        if tail:
+            self.text += tail
+            yield Chunk(tail, -1, False)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Chunk:
+        return next(self._it)
+
+    def close(self):
+        self._it.close()
+        self._gen.close()
+
+
+def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
+            repetition_context_size=20, seed=None) -> SamplingParams:
+    return SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                          repetition_penalty=repetition_penalty,
+                          repetition_context_size=repetition_context_size, seed=seed)
+
+
+def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
+                    p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
+                    **sampling) -> GenerationStream:
+    """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
+    repetition_penalty, repetition_context_size, seed."""
+    decoder = decoder or make_decoder(pair, drafter, num_draft, p_min)
+    history = encode_prompt(pair.tokenizer, prompt, chat_template)
+    return GenerationStream(decoder, pair.tokenizer, history, _params(**sampling), max_tokens)
+
+
+def generate(pair, prompt, **kwargs) -> Result:
+    """Generate to a string.  Same arguments as `stream_generate`."""
+    stream = stream_generate(pair, prompt, **kwargs)
+    for _ in stream:
+        pass
+    return Result(stream.text, stream.tokens, stream.stats)

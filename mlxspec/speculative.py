@@ -1,0 +1,137 @@
+"""The speculative loop.
+
+One round:
+  1. the draft-length policy picks k (0 = a plain target step);
+  2. the drafter proposes up to k tokens (the draft model runs k small steps
+     with its own KV cache);
+  3. the target scores the pending token plus all drafts -- k+1 positions -- in
+     ONE forward pass; logits processing, the acceptance rule and sampling of
+     the next token are part of the same lazy graph, evaluated once;
+  4. the leading accepted drafts and the target's next token are emitted: every
+     round yields at least one token, the target's own;
+  5. nothing is rolled back eagerly: the next round's `sync(history)` trims both
+     caches to what the history really is (see cache.py).
+
+Plain decoding is the same loop with k = 0, so comparisons are like for like.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import mlx.core as mx
+
+from .acceptance import leading_accepted, verify
+from .cache import ModelState
+from .draft_length import FixedK
+from .drafters import EMPTY, Drafter
+from .errors import MlxspecError
+from .sampling import SamplingParams, new_key, process_logits
+from .stats import GenerationStats
+
+DEFAULT_NUM_DRAFT = 4
+
+
+class SpeculativeDecoder:
+    """Owns the target's cache, a drafter and a draft-length policy.  Reusable
+    across generations: the caches keep whatever prefix the next history shares."""
+
+    def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
+                 context_length: int | None = None):
+        self.target = ModelState(target_model)
+        self.drafter = drafter or Drafter()
+        if policy is None:
+            policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
+        self.policy = policy
+        self.context_length = context_length
+
+    def reset(self):
+        self.target.reset()
+        self.drafter.reset()
+
+    def generate(self, history: list[int], params: SamplingParams = SamplingParams(),
+                 max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, bool]]:
+        """Yield (token, from_draft) pairs, appending each token to `history`
+        (a list the caller owns) before it is yielded.  EOS is not yielded."""
+        stats = stats if stats is not None else GenerationStats()
+        stats.drafter = self.drafter.name
+        eos = set(eos_token_ids)
+        limit = self.context_length
+        if limit is not None and len(history) >= limit:
+            raise MlxspecError(
+                f"prompt is {len(history)} tokens but the model's context is {limit}: shorten it or start a new conversation"
+            )
+        key = None if params.greedy else new_key(params.seed)
+
+        t0 = time.perf_counter()
+        before = self.target.positions
+        self.target.prefill(history)
+        self.drafter.prefill(history)
+        stats.prompt_tokens = len(history)
+        stats.prompt_tokens_processed = self.target.positions - before + 1
+        stats.prompt_time = time.perf_counter() - t0
+
+        produced = 0
+        t_start = time.perf_counter()
+        try:
+            while produced < max_tokens:
+                if should_stop is not None and should_stop():
+                    stats.finish_reason = "cancelled"
+                    break
+                room = max_tokens - produced - 1
+                if limit is not None:
+                    room = min(room, limit - len(history) - 1)
+                    if room < 0:
+                        stats.finish_reason = "context"
+                        break
+                k = max(0, min(self.policy.choose(), self.drafter.max_k, room))
+                if key is not None:
+                    key, k_draft, k_verify = mx.random.split(key, 3)
+                else:
+                    k_draft = k_verify = None
+
+                t_draft = time.perf_counter()
+                proposal = self.drafter.propose(history, k, params, k_draft) if k else EMPTY
+                t_verify = time.perf_counter()
+                drafted = proposal.tokens
+                pending = self.target.sync(history)
+                logits = self.target.forward(pending + drafted)[len(pending) - 1:]
+                contexts = None
+                if params.uses_context:
+                    contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
+                logprobs = process_logits(logits, params, contexts)
+                accepted, next_tokens = verify(
+                    logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify
+                )
+                mx.eval(accepted, next_tokens)
+                t_end = time.perf_counter()
+
+                n = leading_accepted(accepted.tolist())
+                new = drafted[:n] + [next_tokens.tolist()[n]]
+                emit = []
+                for tok in new:
+                    if tok in eos:
+                        stats.finish_reason = "stop"
+                        break
+                    emit.append(tok)
+                    if produced + len(emit) >= max_tokens:
+                        break
+                stats.draft_time += t_verify - t_draft
+                stats.verify_time += t_end - t_verify
+                stats.record_round(len(drafted), n, len(emit))
+                self.policy.update(len(drafted), n, t_verify - t_draft, t_end - t_verify)
+                for i, tok in enumerate(emit):
+                    history.append(tok)
+                    produced += 1
+                    yield tok, i < n
+                if stats.finish_reason == "stop":
+                    break
+            else:
+                stats.finish_reason = "length"
+        finally:
+            stats.generated_tokens = produced
+            stats.generation_time = time.perf_counter() - t_start
+            if history:
+                self.target.sync(history)

@@ -1,0 +1,90 @@
+"""Figures for every generation: what was drafted, what was kept, where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    drafter: str = "none"
+    prompt_tokens: int = 0
+    prompt_tokens_processed: int = 0  # prompt tokens not already in the KV cache
+    generated_tokens: int = 0
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    target_passes: int = 0
+    proposed_by_position: list = field(default_factory=list)
+    accepted_by_position: list = field(default_factory=list)
+    tokens_speculative: int = 0  # tokens produced in rounds that drafted (k > 0)
+    tokens_plain: int = 0  # tokens produced by plain target steps (k = 0)
+    prompt_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    generation_time: float = 0.0
+    k_history: list = field(default_factory=list)
+    finish_reason: str | None = None
+    notes: list = field(default_factory=list)
+
+    def record_round(self, k: int, n_accepted: int, n_emitted: int):
+        self.target_passes += 1
+        self.k_history.append(k)
+        self.draft_proposed += k
+        self.draft_accepted += n_accepted
+        while len(self.proposed_by_position) < k:
+            self.proposed_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for i in range(k):
+            self.proposed_by_position[i] += 1
+            if i < n_accepted:
+                self.accepted_by_position[i] += 1
+        if k > 0:
+            self.tokens_speculative += n_emitted
+        else:
+            self.tokens_plain += n_emitted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_accepted / self.draft_proposed if self.draft_proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Mean tokens produced per target forward pass (accepted drafts + 1)."""
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_time if self.prompt_time > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_time if self.generation_time > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_pass=self.tokens_per_pass,
+            acceptance_by_position=self.acceptance_by_position,
+            prompt_tps=self.prompt_tps,
+            generation_tps=self.generation_tps,
+        )
+        return d
+
+    def summary(self) -> str:
+        """The one-line summary printed after a generation."""
+        parts = [f"{self.generated_tokens} tokens", f"{self.generation_tps:.2f} tok/s"]
+        if self.draft_proposed:
+            parts.append(
+                f"acceptance {100 * self.acceptance_rate:.1f}% ({self.draft_accepted}/{self.draft_proposed})"
+            )
+            parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
+        parts.append(f"drafter {self.drafter}")
+        if self.tokens_plain and self.tokens_speculative:
+            parts.append(f"{self.tokens_plain} tokens plain after fallback")
+        parts.append(f"prompt {self.prompt_tokens} tok at {self.prompt_tps:.1f} tok/s")
+        return ", ".join(parts)
