@@ -20,7 +20,7 @@ from .draft_length import FixedK
 from .drafters import Drafter, ModelDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
-from .speculative import DEFAULT_NUM_DRAFT, SpeculativeDecoder
+from .speculative import DEFAULT_NUM_DRAFT, SpeculativeDecoder, check_context
 from .stats import GenerationStats
 
 
@@ -106,6 +106,7 @@ class GenerationStream:
         self.text = ""
         self._tokenizer = tokenizer
         self._history = history
+        check_context(history, decoder.context_length)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
         self._it = self._run()

@@ -71,8 +71,8 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, drafter, dra
     kw = dict(max_tokens=max_tokens, num_draft=num_draft, drafter="none" if no_draft else drafter,
               p_min=draft_p_min, chat_template=not ignore_chat_template, **sampling_kwargs(opts))
     if not as_json:
-        click.echo(f"[{pair.describe()}; {describe()}]", err=True)
         stream = stream_generate(pair, prompt, **kw)
+        click.echo(f"[{pair.describe()}; {describe()}]", err=True)
         try:
             for chunk in stream:
                 click.echo(chunk.text, nl=False)

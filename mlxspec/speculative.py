@@ -33,6 +33,13 @@ from .stats import GenerationStats
 DEFAULT_NUM_DRAFT = 4
 
 
+def check_context(history: list[int], limit: int | None):
+    if limit is not None and len(history) >= limit:
+        raise MlxspecError(
+            f"prompt is {len(history)} tokens but the model's context is {limit}: shorten it or start a new conversation"
+        )
+
+
 class SpeculativeDecoder:
     """Owns the target's cache, a drafter and a draft-length policy.  Reusable
     across generations: the caches keep whatever prefix the next history shares."""
@@ -59,10 +66,7 @@ class SpeculativeDecoder:
         stats.drafter = self.drafter.name
         eos = set(eos_token_ids)
         limit = self.context_length
-        if limit is not None and len(history) >= limit:
-            raise MlxspecError(
-                f"prompt is {len(history)} tokens but the model's context is {limit}: shorten it or start a new conversation"
-            )
+        check_context(history, limit)
         key = None if params.greedy else new_key(params.seed)
 
         t0 = time.perf_counter()

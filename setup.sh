@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One command from a fresh clone:
+#   ./setup.sh demo   set up, fetch the default pair, run a real speculative generation
+#                     on a code prompt and print acceptance rate and speed-up over plain decoding
+#   ./setup.sh test   set up, fetch the small real test model, run the whole test suite
+#   ./setup.sh        set up only
+# Set-up: Debian's OpenBLAS when running as root on Linux (optional: without it
+# everything works, ~10x slower on the CPU backend), a virtual environment in .venv,
+# and this package with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null \
+   && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1; then
+  echo "== installing OpenBLAS (libopenblas0-pthread)"
+  (apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
+   || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1)) \
+   || echo "   could not install OpenBLAS; continuing with MLX's bundled BLAS (slower)"
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PY" -m venv .venv
+fi
+echo "== installing mlxspec and its dependencies into .venv"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v -i "^warning" || true
+.venv/bin/python -c "import mlxspec, mlx.core" || { echo "installation failed"; exit 1; }
+
+case "${1:-}" in
+  demo)
+    .venv/bin/mlxspec pull
+    .venv/bin/mlxspec generate --compare --max-tokens 96 \
+      --prompt "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation."
+    ;;
+  test)
+    .venv/bin/mlxspec pull smollm2-135m
+    shift || true
+    .venv/bin/python -m pytest -q "$@"
+    ;;
+  "") ;;
+  *) echo "usage: ./setup.sh [demo|test [pytest args]]"; exit 2 ;;
+esac

@@ -1,0 +1,26 @@
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import mlxspec  # noqa: E402,F401  (preloads OpenBLAS before mlx.core)
+import pytest  # noqa: E402
+
+import tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory):
+    """A tiny qwen2 target and a noisy copy of it as draft, as model folders."""
+    root = tmp_path_factory.mktemp("tiny")
+    cfg = tiny_models.config_for("qwen2")
+    target = tiny_models.build(cfg, seed=0, scale=3.0)
+    draft = tiny_models.perturbed(target, cfg, noise=0.01, seed=1)
+    t = tiny_models.save_model_dir(root / "target", "qwen2", model=target)
+    d = tiny_models.save_model_dir(root / "draft", "qwen2", model=draft)
+    return t, d
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_pair_dirs):
+    return mlxspec.load(*tiny_pair_dirs)

@@ -1,0 +1,134 @@
+"""The Python API, the `mlxspec generate` CLI and its one-line errors, on tiny models."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlxspec
+import tiny_models
+from mlxspec.compat import check_tokenizers
+
+CLI = [sys.executable, "-m", "mlxspec.cli"]
+
+
+def run_cli(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=300, env=env, **kw)
+
+
+def test_generate_and_stream_agree(tiny_pair):
+    res = mlxspec.generate(tiny_pair, "hello there", max_tokens=30)
+    stream = mlxspec.stream_generate(tiny_pair, "hello there", max_tokens=30)
+    chunks = list(stream)
+    assert "".join(c.text for c in chunks) == res.text == stream.text
+    assert [c.token for c in chunks if c.token >= 0] == res.tokens == stream.tokens
+    s = stream.stats
+    assert s.generated_tokens == len(res.tokens) and s.target_passes > 0
+    assert sum(c.from_draft for c in chunks) == s.draft_accepted
+    assert s.draft_accepted <= s.draft_proposed and 0 <= s.acceptance_rate <= 1
+    assert s.tokens_per_pass == pytest.approx(s.generated_tokens / s.target_passes)
+    assert s.draft_time > 0 and s.verify_time > 0 and s.generation_tps > 0
+
+
+def test_plain_path_is_the_same_loop_and_gives_the_same_greedy_tokens(tiny_pair):
+    spec = mlxspec.generate(tiny_pair, "abc def", max_tokens=30)
+    plain = mlxspec.generate(tiny_pair, "abc def", max_tokens=30, drafter="none")
+    assert plain.tokens == spec.tokens
+    assert plain.stats.draft_proposed == 0 and plain.stats.target_passes == len(plain.tokens)
+
+
+def test_chat_messages_use_the_template(tiny_pair):
+    msgs = [{"role": "user", "content": "hi"}]
+    ids = mlxspec.api.encode_prompt(tiny_pair.tokenizer, msgs)
+    assert ids[0] == 3  # <|im_start|>
+    res = mlxspec.generate(tiny_pair, msgs, max_tokens=8)
+    assert res.stats.prompt_tokens == len(ids)
+
+
+def test_same_seed_same_output(tiny_pair):
+    a = mlxspec.generate(tiny_pair, "seed test", max_tokens=25, temp=1.0, seed=7)
+    b = mlxspec.generate(tiny_pair, "seed test", max_tokens=25, temp=1.0, seed=7)
+    c = mlxspec.generate(tiny_pair, "seed test", max_tokens=25, temp=1.0, seed=8)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+def test_cli_json(tiny_pair_dirs):
+    t, d = tiny_pair_dirs
+    r = run_cli("generate", "--model", str(t), "--draft", str(d), "--prompt", "hello", "--max-tokens", "12",
+                "--num-draft", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert isinstance(out["text"], str) and len(out["tokens"]) == out["stats"]["generated_tokens"] > 0
+    for key in ("draft_proposed", "draft_accepted", "acceptance_rate", "tokens_per_pass", "acceptance_by_position",
+                "target_passes", "draft_time", "verify_time", "prompt_tps", "generation_tps"):
+        assert isinstance(out["stats"][key], (int, float, list)), key
+    assert max(out["stats"]["k_history"]) == 3
+
+
+def test_cli_stream_summary_and_no_draft(tiny_pair_dirs):
+    t, d = tiny_pair_dirs
+    r = run_cli("generate", "--model", str(t), "--draft", str(d), "-p", "hello", "-m", "10")
+    assert r.returncode == 0, r.stderr
+    assert "acceptance" in r.stderr and "tok/s" in r.stderr
+    r2 = run_cli("generate", "--model", str(t), "--no-draft", "-p", "hello", "-m", "10", "--json")
+    out = json.loads(r2.stdout)
+    assert out["stats"]["draft_proposed"] == 0 and out["stats"]["drafter"] == "none"
+
+
+def one_line_error(r):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+def test_incompatible_pair_is_refused_naming_the_token(tmp_path, tiny_pair_dirs):
+    t, _ = tiny_pair_dirs
+    bad = tiny_models.save_model_dir(tmp_path / "bad", "qwen2", rename={42: "zz"})
+    line = one_line_error(run_cli("generate", "--model", str(t), "--draft", str(bad), "-p", "x"))
+    assert "token 42 differs" in line
+
+
+def test_prompt_longer_than_context(tmp_path):
+    short = tiny_models.save_model_dir(tmp_path / "short", "llama", max_pos=16)
+    line = one_line_error(run_cli("generate", "--model", str(short), "--no-draft", "-p", "a " * 40,
+                                  "--ignore-chat-template"))
+    assert "context" in line
+
+
+def test_truncated_weights(tmp_path):
+    m = tiny_models.save_model_dir(tmp_path / "m", "llama")
+    w = m / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    line = one_line_error(run_cli("generate", "--model", str(m), "-p", "x"))
+    assert "corrupt or truncated" in line and str(m) in line
+
+
+def test_missing_model():
+    line = one_line_error(run_cli("generate", "--model", "/nonexistent/model", "-p", "x"))
+    assert "not found" in line
+
+
+def test_ssm_model_is_refused(tmp_path):
+    cfg = {"model_type": "mamba", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+           "state_size": 4, "num_hidden_layers": 1, "conv_kernel": 4, "use_bias": False,
+           "use_conv_bias": True, "time_step_rank": 4, "tie_word_embeddings": True}
+    model = tiny_models.build(cfg)
+    m = tiny_models.save_model_dir(tmp_path / "mamba", "llama", model=model, cfg_overrides=cfg)
+    line = one_line_error(run_cli("generate", "--model", str(m), "--draft", str(m), "-p", "x"))
+    assert "cannot be rolled back" in line
+
+
+def test_padding_tolerated_other_rules_enforced():
+    base = tiny_models.make_tokenizer(300)
+    assert check_tokenizers(base, tiny_models.make_tokenizer(300), 300, 428).ok  # padded embeddings
+    assert not check_tokenizers(base, tiny_models.make_tokenizer(300), 300, 200).ok  # too few rows
+    r = check_tokenizers(base, tiny_models.make_tokenizer(300, rename={17: "zz"}))
+    assert not r.ok and "token 17" in r.reason
+    r = check_tokenizers(base, tiny_models.make_tokenizer(300, eos="<|im_end|>"))
+    assert not r.ok and "EOS" in r.reason

@@ -1,0 +1,78 @@
+"""After any accept/reject pattern, both KV caches equal a fresh prefill of the
+kept tokens (and hold exactly those tokens)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tiny_models
+from mlxspec.cache import ModelState
+from mlxspec.draft_length import FixedK
+from mlxspec.drafters import ModelDrafter
+from mlxspec.sampling import SamplingParams
+from mlxspec.speculative import SpeculativeDecoder
+
+CFG = tiny_models.config_for("qwen2")
+TARGET = tiny_models.build(CFG, seed=21, scale=3.0)
+DRAFTS = {n: tiny_models.perturbed(TARGET, CFG, noise=n, seed=2) for n in (0.0, 0.01, 0.05)}
+
+
+def assert_cache_is_fresh_prefill(state: ModelState, history):
+    kept = history[:-1]
+    assert state.tokens == kept
+    fresh = ModelState(state.model)
+    fresh.forward(kept)
+    mx.eval([c.state for c in fresh.cache])
+    for got, want in zip(state.cache, fresh.cache):
+        assert got.offset == want.offset == len(kept)
+        for a, b in zip((got.keys, got.values), (want.keys, want.values)):
+            a, b = np.array(a[..., : len(kept), :]), np.array(b[..., : len(kept), :])
+            np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.lists(st.integers(5, 299), min_size=1, max_size=12),
+    k=st.integers(1, 6),
+    noise=st.sampled_from([0.0, 0.01, 0.05]),
+    max_tokens=st.integers(1, 14),
+    temp=st.sampled_from([0.0, 1.0]),
+)
+def test_caches_match_fresh_prefill(prompt, k, noise, max_tokens, temp):
+    drafter = ModelDrafter(DRAFTS[noise])
+    dec = SpeculativeDecoder(TARGET, drafter, FixedK(k))
+    history = list(prompt)
+    list(dec.generate(history, SamplingParams(temp=temp, seed=1), max_tokens=max_tokens))
+    drafter.prefill(history)  # the drafter rolls back and catches up lazily, at its next proposal
+    assert_cache_is_fresh_prefill(dec.target, history)
+    assert_cache_is_fresh_prefill(drafter.state, history)
+
+
+def test_all_accepted_round_feeds_the_drafts_last_token():
+    """With draft == target every draft is kept; the draft model has not yet seen its
+    own last token, which must be fed first in the next round."""
+    drafter = ModelDrafter(DRAFTS[0.0])
+    dec = SpeculativeDecoder(TARGET, drafter, FixedK(3))
+    history = [7, 8, 9]
+    from mlxspec.stats import GenerationStats
+
+    stats = GenerationStats()
+    list(dec.generate(history, max_tokens=12, stats=stats))
+    assert stats.acceptance_rate == 1.0 and stats.target_passes == 3
+    assert len(drafter.state.tokens) < len(history) - 1  # it lags behind...
+    drafter.prefill(history)
+    assert_cache_is_fresh_prefill(drafter.state, history)  # ...and catches up exactly
+
+
+def test_stopping_mid_round_leaves_consistent_caches():
+    """Closing the stream after one token (as Ctrl-C or a stop string does) trims the
+    target cache to the tokens actually emitted."""
+    dec = SpeculativeDecoder(TARGET, ModelDrafter(DRAFTS[0.0]), FixedK(5))
+    history = [10, 11]
+    gen = dec.generate(history, max_tokens=50)
+    next(gen)
+    gen.close()
+    assert len(history) == 3
+    assert_cache_is_fresh_prefill(dec.target, history)
