@@ -47,8 +47,16 @@ class Pair:
         return set(self.tokenizer.eos_token_ids)
 
     def describe(self) -> str:
-        t = self.target_path.name
-        return f"{t} drafted by {self.draft_path.name}" if self.draft is not None else f"{t} (no draft)"
+        t = model_name(self.target_path, self.target_config)
+        if self.draft is None:
+            return f"{t} (no draft)"
+        return f"{t} drafted by {model_name(self.draft_path, self.draft_config)}"
+
+
+def model_name(path: Path, config: dict) -> str:
+    """A readable name: the GGUF's own name for converted files, else the folder name."""
+    source = (config or {}).get("mlxspec", {})
+    return source.get("general.name") or source.get("source") or path.name
 
 
 def _is_pair_dir(p: Path) -> bool:
