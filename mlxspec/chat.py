@@ -1,0 +1,238 @@
+"""`mlxspec chat`: an interactive terminal chat on a Session.
+
+Tokens are printed as they are accepted; with --show-draft the ones that came
+from the draft are green (as LM Studio shows them).  After each reply a one-line
+summary: tokens, tok/s, acceptance, mean accepted length, current k, and how
+much of the prompt the target had to process (the rest came from the KV cache).
+
+Ctrl-C during a reply stops it after the draft/verify round in progress (the
+partial reply stays in the conversation); Ctrl-C at the prompt clears the line;
+Ctrl-D or /quit leaves.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import unicodedata
+
+import click
+
+from .errors import MlxspecError
+from .generate_cli import model_options, parse_num_draft, sampling_kwargs, sampling_options
+
+GREEN = "\x1b[32m"
+DIM = "\x1b[2m"
+RESET = "\x1b[0m"
+PROMPT = ">>> "
+
+HELP = """commands:
+  /stats            figures for the whole session
+  /reset            forget the conversation (keeps the system prompt)
+  /temp X           sampling temperature (0 = greedy)
+  /draft on|off     speculative decoding on or off (the KV cache is kept)
+  /system TEXT      set the system prompt (/system alone shows it, /system - clears it)
+  /max-tokens N     longest reply
+  /save FILE        write the conversation (and settings, stats) as JSON
+  /help             this list
+  /quit             leave (Ctrl-D too)
+Ctrl-C stops a reply; the conversation keeps what was said."""
+
+
+def printable(text: str) -> str:
+    """Model text made safe for a terminal: control characters (escape sequences,
+    carriage returns, ...) other than newline and tab become U+FFFD."""
+    if text.isprintable():
+        return text
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else "\ufffd" for c in text)
+
+
+def out(text: str = "", end: str = "\n"):
+    sys.stdout.write(text + end)
+    sys.stdout.flush()
+
+
+def reply_summary(session, stats) -> str:
+    from .session import mean_accepted_length
+
+    parts = [f"{stats.generated_tokens} tokens", f"{stats.generation_tps:.1f} tok/s"]
+    if stats.draft_proposed:
+        parts.append(f"acceptance {100 * stats.acceptance_rate:.1f}% ({stats.draft_accepted}/{stats.draft_proposed})")
+        parts.append(f"mean accepted {mean_accepted_length(stats):.2f}")
+        parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
+    parts.append(f"k={session.current_k}" if session.draft else "draft off")
+    parts.append(f"prompt {stats.prompt_tokens_processed}/{stats.prompt_tokens} tok processed")
+    reason = {"cancelled": "interrupted", "length": "max tokens reached", "context": "context full",
+              "error": "error"}.get(stats.finish_reason)
+    if reason:
+        parts.append(reason)
+    return "[" + ", ".join(parts) + "]"
+
+
+class Chat:
+    def __init__(self, session, show_draft: bool = False, color: bool | None = None):
+        self.session = session
+        self.show_draft = show_draft  # green draft tokens, asked for explicitly: always coloured
+        self.color = sys.stdout.isatty() if color is None else color  # dimmed summaries
+
+    # -- one reply ----------------------------------------------------------
+    def reply(self, text: str):
+        from .session import ContextFullError
+
+        s = self.session
+        try:
+            stream = s.stream(text)
+        except ContextFullError as e:
+            out(f"[{e}; use /reset]")
+            return
+        interrupted = []
+
+        def on_sigint(signum, frame):
+            interrupted.append(True)
+            s.cancel()
+
+        old = signal.signal(signal.SIGINT, on_sigint)
+        in_draft = False
+        try:
+            with stream:
+                for chunk in stream:
+                    piece = printable(chunk.text)
+                    if not piece:
+                        continue
+                    if self.show_draft and chunk.from_draft != in_draft:
+                        piece = (GREEN if chunk.from_draft else RESET) + piece
+                        in_draft = chunk.from_draft
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        finally:
+            signal.signal(signal.SIGINT, old)
+            if in_draft:
+                sys.stdout.write(RESET)
+        out()
+        stats = stream.stats
+        out(self.dim(reply_summary(s, stats)))
+        if stats.finish_reason == "context" or s.near_context_limit:
+            out(f"[the conversation uses {s.context_used} of {s.context_length} tokens of context: "
+                f"/reset to start over]")
+
+    def dim(self, text):
+        return f"{DIM}{text}{RESET}" if self.color else text
+
+    # -- commands -----------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Run a slash command; False means quit."""
+        s = self.session
+        name, _, arg = line.partition(" ")
+        name, arg = name.lower(), arg.strip()
+        try:
+            if name in ("/quit", "/exit", "/bye", "/q"):
+                return False
+            if name in ("/help", "/?"):
+                out(HELP)
+            elif name == "/stats":
+                out(s.stats.summary())
+                out(f"context: {s.context_used} of {s.context_length or '?'} tokens used; "
+                    f"drafting {'on' if s.draft else 'off'} (k={s.current_k}); temp {s.temp:g}; "
+                    f"max tokens {s.max_tokens}")
+                if s.last_stats is not None:
+                    out(f"last reply: {s.last_stats.summary()}")
+            elif name == "/reset":
+                s.reset()
+                out("[conversation cleared]")
+            elif name == "/temp":
+                if not arg:
+                    out(f"[temp {s.temp:g}]")
+                else:
+                    s.temp = float(arg)
+                    out(f"[temp {s.temp:g}]")
+            elif name == "/draft":
+                if arg.lower() in ("on", "off"):
+                    s.draft = arg.lower() == "on"
+                elif arg:
+                    raise MlxspecError("usage: /draft on|off")
+                out(f"[drafting {'on' if s.draft else 'off'}]")
+            elif name == "/system":
+                if not arg:
+                    out(f"[system prompt: {s.system!r}]" if s.system else "[no system prompt]")
+                else:
+                    s.system = None if arg == "-" else arg
+                    out("[system prompt set]" if s.system else "[system prompt cleared]")
+            elif name in ("/max-tokens", "/max"):
+                n = int(arg)
+                if n < 1:
+                    raise ValueError("must be at least 1")
+                s.max_tokens = n
+                out(f"[max tokens {n}]")
+            elif name == "/save":
+                if not arg:
+                    raise MlxspecError("usage: /save FILE")
+                path = s.save(arg)
+                out(f"[saved {len(s.messages)} messages to {path}]")
+            else:
+                out(f"[unknown command {name}: /help lists them]")
+        except (MlxspecError, ValueError, OSError) as e:
+            out(f"[error: {e}]")
+        return True
+
+    # -- the loop -------------------------------------------------------------
+    def run(self) -> int:
+        while True:
+            try:
+                line = input(PROMPT)
+            except EOFError:
+                out()
+                return 0
+            except KeyboardInterrupt:
+                out("\n[use /quit or Ctrl-D to leave]")
+                continue
+            try:
+                text = line.strip()
+                if not text:
+                    continue
+                if text.startswith("/"):
+                    if not self.command(text):
+                        return 0
+                    continue
+                self.reply(line)
+            except KeyboardInterrupt:  # a Ctrl-C outside a reply (e.g. just after it ended)
+                out("\n[interrupted]")
+            except MlxspecError as e:
+                out(f"[error: {e}]")
+
+
+@click.command()
+@model_options
+@click.option("--pair", "pair_dir", default=None, type=click.Path(file_okay=False),
+              help="A pair folder (written by `mlxspec convert`); same as --model DIR.")
+@sampling_options
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--max-tokens", "-m", type=int, default=1024, show_default=True, help="Longest reply.")
+@click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
+@click.option("--num-draft", default=None, help="Draft tokens per round (default 4), or 'auto'.")
+@click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting when the draft's top probability is below this.")
+def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, **opts):
+    """Interactive chat in the terminal."""
+    from .backend import describe
+    from .loading import load
+    from .session import Session
+
+    if pair_dir and model:
+        raise click.UsageError("give --pair DIR or --model, not both")
+    if max_tokens < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--max-tokens")
+    num_draft = parse_num_draft(num_draft)
+    pair = load(pair_dir or model, draft, no_draft=no_draft)
+    try:
+        session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
+                          draft=pair.draft is not None, **sampling_kwargs(opts))
+    except ValueError as e:
+        raise MlxspecError(str(e)) from e
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    out(f"[{pair.describe()}; {describe()}]")
+    if not getattr(pair.tokenizer, "chat_template", None):
+        out("[this model has no chat template: using a plain 'User:/Assistant:' transcript]")
+    out("[/help for commands, Ctrl-C stops a reply, Ctrl-D quits]")
+    Chat(session, show_draft=show_draft).run()
