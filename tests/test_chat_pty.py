@@ -1,0 +1,182 @@
+"""`mlxspec chat` driven through a real pseudo-terminal on a tiny model: turns,
+slash commands, Ctrl-C mid-reply and at the prompt, Ctrl-D to leave."""
+
+import os
+import pty
+import re
+import select
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import mlxspec  # noqa: F401  (before mlx.core)
+import mlx.core as mx
+import tiny_models
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith(("linux", "darwin")), reason="needs a POSIX pty")
+
+CONTEXT = 4096
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def chatty_pair_dirs(tmp_path_factory):
+    """The tiny pair with EOS made unreachable under greedy decoding (its
+    lm_head row is zero: a logit of 0 never beats the best of ~300 random
+    logits), so a reply runs until max tokens or the context: long enough to
+    interrupt, short when --max-tokens says so."""
+    root = tmp_path_factory.mktemp("chatty")
+    cfg = tiny_models.config_for("qwen2", max_pos=CONTEXT)
+    target = tiny_models.build(cfg, seed=0, scale=3.0)
+    draft = tiny_models.perturbed(target, cfg, noise=0.01, seed=1)
+    for m in (target, draft):
+        w = np.array(m.lm_head.weight)
+        w[EOS] = 0.0
+        m.lm_head.weight = mx.array(w)
+    t = tiny_models.save_model_dir(root / "target", "qwen2", model=target, max_pos=CONTEXT)
+    d = tiny_models.save_model_dir(root / "draft", "qwen2", model=draft, max_pos=CONTEXT)
+    return t, d
+
+
+class Pty:
+    """A child process on a pseudo-terminal, with expect-style reads."""
+
+    def __init__(self, argv, env):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # child
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.buf = b""
+        self.pos = 0  # everything before pos has been matched already
+
+    def read_some(self, timeout):
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        if not r:
+            return False
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            data = b""
+        if not data:
+            raise EOFError
+        self.buf += data
+        return True
+
+    def expect(self, pattern, timeout=60.0) -> re.Match:
+        rx = re.compile(pattern.encode() if isinstance(pattern, str) else pattern, re.S)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = rx.search(self.buf, self.pos)
+            if m:
+                self.pos = m.end()
+                return m
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {pattern!r}; output so far:\n{self.tail()}")
+            try:
+                self.read_some(min(left, 1.0))
+            except EOFError:
+                raise AssertionError(f"child exited while waiting for {pattern!r}; output:\n{self.tail()}")
+
+    def tail(self, n=3000):
+        return self.buf[-n:].decode("utf-8", "replace")
+
+    def send(self, data: str):
+        os.write(self.fd, data.encode())
+
+    def wait(self, timeout=30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.read_some(0.1)
+            except EOFError:
+                pass
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        raise AssertionError(f"chat did not exit; output:\n{self.tail()}")
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+PROMPT = r">>> "
+SUMMARY = r"\[(\d+) tokens, [\d.]+ tok/s[^\]\n]*\]"
+
+
+def test_chat_in_a_pty(chatty_pair_dirs, tmp_path):
+    t, d = chatty_pair_dirs
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb", "MLXSPEC_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "mlxspec.cli", "chat", "--model", str(t), "--draft", str(d),
+            "--max-tokens", "12", "--num-draft", "3", "--show-draft", "--system", "be brief"]
+    p = Pty(argv, env)
+    try:
+        p.expect(r"drafted by draft")
+        p.expect(PROMPT)
+
+        # two turns; the second processes only the new message
+        p.send("hello there\n")
+        m = p.expect(SUMMARY)
+        assert m.group(1) == b"12" and b"acceptance" in m.group(0) and b"k=3" in m.group(0)
+        assert b"\x1b[32m" in p.buf  # --show-draft: draft tokens in green
+        p.expect(PROMPT)
+        p.send("and again\n")
+        m = p.expect(SUMMARY)
+        processed, total = map(int, re.search(rb"prompt (\d+)/(\d+) tok", m.group(0)).groups())
+        assert processed < total // 2
+        p.expect(PROMPT)
+
+        # slash commands
+        p.send("/stats\n")
+        p.expect(r"turns: 2 \(0 interrupted\)")
+        p.expect(PROMPT)
+        p.send("/draft off\n")
+        p.expect(r"\[drafting off\]")
+        p.expect(PROMPT)
+        p.send("/max-tokens 100000\n")
+        p.expect(r"\[max tokens 100000\]")
+        p.expect(PROMPT)
+
+        # Ctrl-C as soon as the long reply starts: it stops, the chat goes on
+        p.send("/draft on\n")
+        p.expect(PROMPT)
+        p.send("tell me everything\n")
+        p.expect(r"tell me everything\r?\n")  # the terminal's echo
+        p.expect(rb"[^\r\n]")  # the first output of the reply
+        p.send("\x03")
+        m = p.expect(SUMMARY)
+        assert b"interrupted" in m.group(0)
+        assert int(m.group(1)) < CONTEXT // 2  # stopped long before the context was full
+        p.expect(PROMPT)
+
+        # another turn still works on the same conversation
+        p.send("/max-tokens 5\n")
+        p.expect(PROMPT)
+        p.send("are you still there\n")
+        m = p.expect(SUMMARY)
+        assert m.group(1) == b"5" and b"interrupted" not in m.group(0)
+        p.expect(PROMPT)
+        p.send("/stats\n")
+        p.expect(r"turns: 4 \(1 interrupted\)")
+        p.expect(PROMPT)
+
+        # Ctrl-C at the prompt does not quit; Ctrl-D does, with status 0
+        p.send("half a line\x03")
+        p.expect(r"use /quit or Ctrl-D")
+        p.expect(PROMPT)
+        p.send("\x04")
+        assert p.wait() == 0
+    finally:
+        p.kill()
