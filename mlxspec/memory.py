@@ -90,15 +90,18 @@ def tensor_bytes(dtype: str, shape, quantize_bits: int | None = None, float_byte
 
 def model_bytes(tensors, quantize_bits: int | None = None, float_bytes: int | None = None,
                 group_size: int = GROUP_SIZE) -> int:
-    """Total run-time bytes of `tensors`, an iterable of (dtype, shape)."""
-    return sum(tensor_bytes(dt, sh, quantize_bits, float_bytes, group_size) for dt, sh in tensors)
+    """Total run-time bytes of `tensors`, an iterable of (dtype, shape[, name])."""
+    return sum(tensor_bytes(t[0], t[1], quantize_bits, float_bytes, group_size) for t in tensors)
 
 
 def param_count(tensors, packed_bits: int | None = None) -> int:
-    """Parameters in `tensors`; packed U32 tensors hold 32/bits parameters per element."""
+    """Parameters in `tensors`: packed U32 tensors hold 32/bits parameters per element,
+    and quantisation scales/biases (named *.scales / *.biases) are not parameters."""
     total = 0
-    for dtype, shape in tensors:
+    for dtype, shape, *name in tensors:
         n = numel(shape)
+        if packed_bits and name and name[0].endswith((".scales", ".biases")):
+            continue
         if dtype == "U32" and packed_bits:
             n = n * 32 // packed_bits
         total += n
@@ -107,13 +110,13 @@ def param_count(tensors, packed_bits: int | None = None) -> int:
 
 def params_by_dtype(tensors) -> dict:
     out: dict = {}
-    for dtype, shape in tensors:
+    for dtype, shape, *_ in tensors:
         out[dtype] = out.get(dtype, 0) + numel(shape)
     return out
 
 
 def from_header(header: dict, config: dict | None = None) -> list:
-    """(dtype, shape) list from a parsed safetensors header (or several merged).
+    """(dtype, shape, name) list from a parsed safetensors header (or several merged).
 
     Drops what mlx-lm drops at load: rotary buffers, and lm_head when the config
     ties it to the embedding."""
@@ -124,7 +127,7 @@ def from_header(header: dict, config: dict | None = None) -> list:
             continue
         if "rotary_emb.inv_freq" in name or (tied and name.endswith("lm_head.weight")):
             continue
-        out.append((info["dtype"], tuple(info["shape"])))
+        out.append((info["dtype"], tuple(info["shape"]), name))
     return out
 
 
@@ -136,7 +139,7 @@ def read_local_header(path) -> dict:
 
 
 def local_tensors(model_dir) -> list:
-    """(dtype, shape) list of the model*.safetensors in an MLX/HF model folder."""
+    """(dtype, shape, name) list of the model*.safetensors in an MLX/HF model folder."""
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     header: dict = {}
@@ -209,7 +212,7 @@ def estimate_from_config(config: dict, dtype: str = "BF16") -> list:
 
 def source_float_bytes(tensors) -> int:
     """Bytes of the widest float dtype among the tensors (4 if none)."""
-    sizes = [DTYPE_BYTES[dt] for dt, _ in tensors if dt in FLOAT_DTYPES]
+    sizes = [DTYPE_BYTES[t[0]] for t in tensors if t[0] in FLOAT_DTYPES]
     return max(sizes) if sizes else 4
 
 
