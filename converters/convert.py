@@ -201,10 +201,8 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
 
     if context <= 0:
         raise MlxspecError(f"--context must be positive, got {context}")
-    if quantize is None:
-        quantize, why = default_quantize()
-    else:
-        why = "as asked"
+    asked = quantize is not None
+    quantize, why = (quantize, "as asked") if asked else default_quantize()
     bits = quantize_bits(quantize)
     out = Path(out).expanduser().absolute() if out else default_output(target, draft)
     out_note = "" if out != default_output(target, draft) else " (default: <target>+<draft> here; -o to change)"
@@ -223,7 +221,7 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
         snap = hub.download(r, hub.meta_files(r))
         config = read_config(r, snap)
         sbits = source_bits(r, config)
-        if sbits and bits not in (None, sbits) or (sbits and quantize == "none" and why == "as asked"):
+        if sbits and asked and bits != sbits:
             raise MlxspecError(f"{r.repo} is already {sbits}-bit; pass --quantize {sbits} (or omit --quantize)")
         names = hub.weight_files(r, snap)
         size = sum(r.files.get(n) or 0 for n in names)
@@ -247,7 +245,7 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
         hint = "--quantize 4, " if bits != 4 and not (tbits and dbits) else ""
         raise MlxspecError(
             f"over budget: the pair needs {memory.fmt_bytes(budget.total)} but {memory.fmt_bytes(usable)} is usable "
-            f"({src}); try {hint}a smaller --context, a smaller target, or --budget GB; nothing was downloaded"
+            f"({src}); try {hint}a smaller --context, a smaller target, or --budget GiB; nothing was downloaded"
         )
 
     to_fetch = [(r, n) for r, names in ((tr, tnames), (dr, dnames)) for n in names if hub.cached_path(r, n) is None]
@@ -267,7 +265,8 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
         for label, r, snap, b in (("target", tr, tsnap, tbits), ("draft", dr, dsnap, dbits)):
             log(f"  converting {label} {r.short}" + (f" -> {bits}-bit" if bits and not b else ""))
             convert_model(snap, tmp / label, None if b else bits)
-        (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, quantize, comp, budget), indent=2) + "\n")
+        label = str(tbits) if tbits and tbits == dbits else quantize  # pre-quantised sources keep their bits
+        (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, label, comp, budget), indent=2) + "\n")
         if out.exists():
             raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
         os.rename(tmp, out)
