@@ -144,6 +144,14 @@ def test_padded_draft_vocab_accepted_and_quantised(fresh, tmp_path):
     pair = mlxspec.load(tmp_path / "pair")
     assert len(mlxspec.generate(pair, [7, 42, 99], max_tokens=4).tokens) >= 1
 
+    # an already-quantised (MLX) repo is kept as it is, and not re-quantised to other bits
+    fresh.add_repo("tiny/target-4bit", tmp_path / "pair/target")
+    res = run_cli(tmp_path, "convert", "tiny/target-4bit", "--draft", "tiny/target-4bit", "-o", "pre", hub=fresh)
+    assert res.returncode == 0 and "4-bit (pre-quantised)" in res.stdout, res.stdout + res.stderr
+    assert json.loads((tmp_path / "pre/pair.json").read_text())["quantization"] == "4"
+    assert_refused(run_cli(tmp_path, "convert", "tiny/target-4bit", "--draft", D, "-q", "8", hub=fresh),
+                   "already 4-bit")
+
 
 def test_interrupted_download_leaves_nothing_and_rerun_resumes(fresh, tmp_path):
     # the draft is fetched second; cut it mid-file and fail the retry
