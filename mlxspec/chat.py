@@ -6,7 +6,8 @@ summary: tokens, tok/s, acceptance, mean accepted length, current k, and how
 much of the prompt the target had to process (the rest came from the KV cache).
 
 Ctrl-C during a reply stops it after the draft/verify round in progress (the
-partial reply stays in the conversation); Ctrl-C at the prompt clears the line;
+partial reply stays in the conversation; a second Ctrl-C stops at once, and the
+KV caches are rebuilt on the next turn); Ctrl-C at the prompt clears the line;
 Ctrl-D or /quit leaves.
 """
 
@@ -88,6 +89,8 @@ class Chat:
         interrupted = []
 
         def on_sigint(signum, frame):
+            if interrupted:  # a second Ctrl-C: stop now (e.g. during a long prompt); the caches are rebuilt
+                raise KeyboardInterrupt
             interrupted.append(True)
             s.cancel()
 
