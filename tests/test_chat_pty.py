@@ -1,11 +1,13 @@
 """`mlxspec chat` driven through a real pseudo-terminal on a tiny model: turns,
 slash commands, Ctrl-C mid-reply and at the prompt, Ctrl-D to leave."""
 
+import json
 import os
 import pty
 import re
 import select
 import signal
+import subprocess
 import sys
 import time
 
@@ -180,3 +182,20 @@ def test_chat_in_a_pty(chatty_pair_dirs, tmp_path):
         assert p.wait() == 0
     finally:
         p.kill()
+
+
+def test_chat_piped_with_a_pair_folder(chatty_pair_dirs, tmp_path):
+    """Not a terminal: lines from a pipe, --pair DIR, end of input = exit 0."""
+    t, d = chatty_pair_dirs
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "pair.json").write_text(json.dumps({"target": {"path": str(t)}, "draft": {"path": str(d)}}))
+    save = tmp_path / "conv.json"
+    r = subprocess.run([sys.executable, "-m", "mlxspec.cli", "chat", "--pair", str(pair), "--max-tokens", "4"],
+                       input=f"hi\n/nope\n/save {save}\n", capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0, r.stderr
+    assert re.search(SUMMARY, r.stdout) and "unknown command /nope" in r.stdout
+    assert "\x1b[" not in r.stdout  # no colours when not asked and not a terminal
+    data = json.loads(save.read_text())
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
