@@ -1,0 +1,378 @@
+"""GGUF files (llama, qwen2, gemma3; any quantisation) -> mlx-lm model folders.
+
+    folder = convert("SmolLM2-135M-Instruct.Q4_1.gguf")   # cache_dir()/models/<sha256>/
+    model, tokenizer = mlx_lm.utils.load(str(folder))
+
+The folder holds what `mlx_lm.utils.load` reads:
+
+* `model.safetensors` (or `model-0000i-of-0000n.safetensors` shards): every tensor
+  dequantised with the `gguf` package and stored as **float32**, under mlx-lm
+  names.  float32 is what the CPU backend computes in (only float32 matmuls use
+  BLAS); storing it keeps the dequantised values exact and makes loading a plain
+  memory map, at twice the disk of float16 (~4 bytes per parameter).
+* `config.json` for `mlx_lm.models.{llama,qwen2,gemma3_text}`.  llama GGUFs store
+  Q/K rows permuted for interleaved RoPE, so they get `rope_traditional: true`;
+  gemma3 GGUFs store RMSNorm weights as 1+w, which we undo; embeddings are tied
+  when the file has no `output.weight`.
+* Hugging Face fast-tokenizer files (`tokenizer.json`, `tokenizer_config.json`
+  with the chat template and BOS/EOS), built from the GGUF metadata with the
+  converter in `transformers.integrations.gguf`, no torch needed.
+
+The first call converts (seconds to a minute) into a temp folder beside the cache
+entry and renames it into place; later calls only hash the GGUF (~1 s per GB) to
+find the entry.  A truncated or corrupt file raises `MlxspecError` naming the
+file and leaves no cache entry.  GGUF has no checksums: a flipped bit in a weight
+is only caught if it makes a weight non-finite (pinned files are hash-checked by
+`mlxspec.weights`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .errors import MlxspecError
+from .paths import cache_dir
+
+SHARD_BYTES = 2 << 30
+MLX_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
+
+# GGUF block tensor suffix -> mlx-lm name inside `model.layers.N.`
+LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+# Gemma 3 has four norms per block: ffn_norm is the pre-feed-forward one.
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+# Tokens llama.cpp treats as end of generation when the vocabulary has them as control tokens.
+EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|end_of_text|>"}
+CONTROL = 3
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        click.echo(message, err=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def _corrupt(path: Path, what: str) -> MlxspecError:
+    return MlxspecError(f"{path}: not a valid or complete GGUF file ({what}); delete it and fetch it again")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def mlx_name(gguf_name: str, arch: str) -> str:
+    """mlx-lm parameter name for a GGUF tensor name ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight")."""
+    base, _, kind = gguf_name.rpartition(".")
+    if m := re.fullmatch(r"blk\.(\d+)\.(\w+)", base):
+        table = GEMMA3_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
+        if m.group(2) in table:
+            return f"model.layers.{m.group(1)}.{table[m.group(2)]}.{kind}"
+    elif base in TOP_NAMES:
+        return f"{TOP_NAMES[base]}.{kind}"
+    raise MlxspecError(f"unsupported tensor {gguf_name!r} in a {arch} GGUF file")
+
+
+def open_gguf(path: Path):
+    """A `gguf.GGUFReader` for `path`, after checking every tensor lies inside the file."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        size = path.stat().st_size
+        for t in reader.tensors:
+            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+                raise ValueError(f"tensor {t.name} runs past the end of the file")
+        reader.fields["general.architecture"].contents()
+    except MlxspecError:
+        raise
+    except Exception as e:  # gguf/numpy raise ValueError, KeyError, IndexError, struct errors, ...
+        raise _corrupt(path, _one_line(e)) from None
+    return reader
+
+
+def metadata(reader, prefix: str = "") -> dict:
+    """Metadata values whose key starts with `prefix` (big token arrays only if asked for)."""
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith(prefix) and not k.startswith("GGUF.")}
+
+
+def dequantize(path: Path, tensor) -> np.ndarray:
+    """float32 numpy array of `tensor` in row-major (mlx) shape; rejects non-finite weights."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    try:
+        with np.errstate(all="ignore"):  # corrupt scales give inf/nan: reported below, not warned about
+            w = gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False).reshape(shape)
+    except Exception as e:
+        raise _corrupt(path, f"tensor {tensor.name}: {_one_line(e)}") from None
+    if not np.isfinite(w).all():
+        raise _corrupt(path, f"tensor {tensor.name} has non-finite values")
+    return w
+
+
+def model_config(meta: dict, tensors: dict) -> dict:
+    """config.json for the mlx-lm model class of this file.  `tensors`: GGUF name -> numpy shape."""
+    arch = meta["general.architecture"]
+    if arch not in MLX_MODEL_TYPE:
+        raise MlxspecError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(MLX_MODEL_TYPE)})")
+
+    def key(name, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise MlxspecError(f"GGUF metadata lacks {arch}.{name}")
+        return value
+
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", hidden // heads))
+    config = {
+        "model_type": MLX_MODEL_TYPE[arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "vocab_size": tensors["token_embd.weight"][0],
+        "max_position_embeddings": int(key("context_length")),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+    }
+    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise MlxspecError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif scaling != "none":
+        raise MlxspecError(f"RoPE scaling {scaling!r} is not supported")
+    if arch == "llama":
+        config["rope_traditional"] = True  # Q/K rows are permuted for interleaved RoPE
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    elif arch == "qwen2" and head_dim != hidden // heads:
+        raise MlxspecError(f"qwen2 with head_dim {head_dim} != hidden/heads is not supported by mlx-lm's qwen2")
+    elif arch == "gemma3":
+        # As llama.cpp: 10k local RoPE base, 5 sliding layers per global one, and
+        # attention scaled by head_dim (hidden/heads for the 27B model, 62 layers).
+        config["rope_local_base_freq"] = 10000.0
+        config["sliding_window"] = int(key("attention.sliding_window"))
+        config["sliding_window_pattern"] = 6
+        config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 62 else head_dim
+    return config
+
+
+def eos_ids(meta: dict, tokens: list, token_types: list) -> list[int]:
+    """EOS first, then the other end-of-generation ids llama.cpp would stop on."""
+    ids = [meta.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    ids += [i for i, (t, kind) in enumerate(zip(tokens, token_types)) if kind == CONTROL and t in EOG_TEXTS]
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def tokenizer_files(meta: dict) -> tuple[str, dict]:
+    """(tokenizer.json text, tokenizer_config dict) for the tokenizer described in `meta`."""
+    from tokenizers import pre_tokenizers, processors
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    arch = meta["general.architecture"]
+    spec = {
+        name: meta[f"tokenizer.{key}"]
+        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    tokens = spec["tokens"]
+    backend, _ = convert_gguf_tokenizer(arch, spec)
+    if spec.get("pre_tokenizer_type") == "smollm":
+        # llama.cpp's `smollm`: every digit on its own, then GPT-2's byte-level split.
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+
+    def token_id(key):
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return int(i) if i is not None and 0 <= int(i) < len(tokens) else None
+
+    def token(key):
+        i = token_id(key)
+        return None if i is None else tokens[i]
+
+    # Bake BOS/EOS adding into tokenizer.json, so every reader of the file agrees.
+    bos, eos = token("bos_token_id"), token("eos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama")) and bos
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos
+    single = ([bos] if add_bos else []) + ["$A"] + ([eos] if add_eos else [])
+    pair = single + [("$B:1" if t == "$A" else t) for t in single]
+    specials = ([(bos, token_id("bos_token_id"))] if add_bos else []) + (
+        [(eos, token_id("eos_token_id"))] if add_eos and eos != bos else []
+    )
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": token("unknown_token_id"),
+        "pad_token": token("padding_token_id"),
+        "add_bos_token": bool(add_bos),
+        "add_eos_token": bool(add_eos),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(meta.get(f"{arch}.context_length", 0)) or None,
+    }
+    if meta.get("tokenizer.chat_template"):
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return backend.to_str(), {k: v for k, v in config.items() if v is not None}
+
+
+def shard_plan(tensors, limit: int = SHARD_BYTES) -> list[list]:
+    """Group tensors into consecutive shards of at most `limit` float32 bytes (at least one each)."""
+    shards, size = [[]], 0
+    for t in tensors:
+        nbytes = 4 * int(np.prod(t.shape))
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    return shards
+
+
+def write_weights(path: Path, reader, arch: str, out: Path, progress: bool) -> int:
+    """Dequantise every tensor into float32 safetensors shards under `out`; return the bytes written."""
+    import mlx.core as mx
+
+    shards = shard_plan(reader.tensors)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
+    weight_map, total, done = {}, 0, 0
+    for name, shard in zip(names, shards):
+        arrays = {}
+        for t in shard:
+            w = dequantize(path, t)
+            if arch == "gemma3" and t.name.endswith("norm.weight"):
+                w = w - 1.0  # the file stores 1 + w; mlx-lm's Gemma RMSNorm adds the 1
+            key = mlx_name(t.name, arch)
+            arrays[key] = mx.array(w)
+            weight_map[key] = name
+            total += w.nbytes
+            done += 1
+            del w
+        mx.save_safetensors(str(out / name), arrays, metadata={"format": "mlx"})
+        del arrays
+        _say(progress, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB float32")
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> None:
+    """Write the mlx-lm model folder for GGUF `path` into the existing empty folder `out`."""
+    reader = open_gguf(path)
+    try:
+        meta = metadata(reader)
+        arch = meta["general.architecture"]
+    except Exception as e:
+        raise _corrupt(path, f"metadata: {_one_line(e)}") from None
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
+    if "token_embd.weight" not in shapes:
+        raise _corrupt(path, "no token_embd.weight tensor")
+    try:
+        config = model_config(meta, shapes)
+        for t in reader.tensors:
+            mlx_name(t.name, arch)  # fail on unknown tensors before the slow part
+    except MlxspecError as e:
+        raise MlxspecError(f"{path}: {e}") from None
+    _say(progress, f"converting {path.name} ({arch}, {config['num_hidden_layers']} layers, "
+                   f"{len(reader.tensors)} tensors) to float32 MLX weights")
+
+    try:
+        tok_json, tok_config = tokenizer_files(meta)
+    except MlxspecError:
+        raise
+    except Exception as e:
+        raise MlxspecError(f"{path}: cannot build a tokenizer from its metadata ({_one_line(e)})") from None
+    tokens, kinds = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
+    eos = eos_ids(meta, tokens, kinds)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
+    config["mlxspec"] = {"source": path.name, "sha256": digest, "general.name": meta.get("general.name")}
+
+    write_weights(path, reader, arch, out, progress)
+    (out / "tokenizer.json").write_text(tok_json)
+    _write_json(out / "tokenizer_config.json", tok_config)
+    _write_json(out / "generation_config.json", {"bos_token_id": config["bos_token_id"], "eos_token_id": eos})
+    _write_json(out / "config.json", config)  # last: a folder with config.json is complete
+
+
+def convert(gguf_path, progress: bool = True) -> Path:
+    """The cached mlx-lm model folder for a GGUF file, converting it on first use.
+
+    Returns `cache_dir()/models/<sha256 of the file>/`.  Raises `MlxspecError`
+    (one line, naming the file) for a missing, truncated or corrupt file or an
+    unsupported architecture; a failed conversion leaves no cache entry.
+    """
+    path = Path(gguf_path).expanduser()
+    if not path.is_file():
+        raise MlxspecError(f"{path}: no such GGUF file")
+    digest = sha256_file(path)
+    final = cache_dir() / "models" / digest
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{digest[:16]}-", suffix=".tmp"))
+    try:
+        convert_into(path, tmp, digest, progress)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():  # not just another process finishing first
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
+    return final
