@@ -36,7 +36,8 @@ Design:
   setting change or `save()`) while a reply is in progress raises
   `MlxspecError` at once instead of blocking (non-blocking lock).  A stream
   holds the session until it is exhausted or closed (`close()`, `with`, or the
-  stream being garbage-collected).
+  stream being garbage-collected); one closed before its first chunk was asked
+  for leaves the conversation untouched.
 * Near the end of the model's context the session does not crash:
   `near_context_limit` turns true, a reply that runs into the limit ends with
   `finish_reason == "context"`, and a prompt that no longer fits raises
@@ -46,6 +47,7 @@ Design:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -167,6 +169,7 @@ class SessionStream:
         self._cancel = cancel_event
         self._on_chunk = on_chunk
         self._done = False
+        self._started = False  # the decoder has been asked for a chunk
         self._exhausted = False
         self._finish_lock = threading.Lock()
         self.reply: Reply | None = None
@@ -203,6 +206,7 @@ class SessionStream:
     def __next__(self) -> Chunk:
         if self._done:
             raise StopIteration
+        self._started = True
         try:
             chunk = next(self._gen)
         except StopIteration:
@@ -269,7 +273,8 @@ class SessionStream:
             else:  # stopped early: the streaming detokenizer was not finalized
                 text = s.tokenizer.decode(reply_tokens) if reply_tokens else ""
             self.reply = Reply(text, list(reply_tokens), stats, stats.finish_reason)
-            s._commit_turn(self, text, stats)
+            if self._started:  # a stream closed before it ran leaves no trace
+                s._commit_turn(self, text, stats)
         finally:
             s._active = None
             s._lock.release()
@@ -520,19 +525,15 @@ class Session:
         self._tokens = s._history
         self._token_text = s._prompt_text + reply_text
 
+    @contextlib.contextmanager
     def _exclusive(self, what: str):
-        session = self
-
-        class _Guard:
-            def __enter__(self_):
-                if not session._lock.acquire(blocking=False):
-                    raise MlxspecError(f"cannot {what} while a reply is being generated: wait for it, or cancel() it first")
-
-            def __exit__(self_, *exc):
-                session._lock.release()
-                return False
-
-        return _Guard()
+        """Hold the session for a change; refuse (never wait) while a reply runs."""
+        if not self._lock.acquire(blocking=False):
+            raise MlxspecError(f"cannot {what} while a reply is being generated: wait for it, or cancel() it first")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # -- persistence --------------------------------------------------------
     def to_dict(self) -> dict:

@@ -151,6 +151,10 @@ def test_one_generation_at_a_time(tiny_pair):
     with s.stream("third") as st:
         next(st)
     assert not s.generating and st.finish_reason == "cancelled"
+    # a stream closed before it ran leaves no trace
+    n = len(s.messages)
+    s.stream("never mind").close()
+    assert len(s.messages) == n and not s.generating
     s.reset()
     assert s.messages == [] and s.tokens == []
 
