@@ -126,9 +126,9 @@ def open_gguf(path: Path):
     return reader
 
 
-def metadata(reader, prefix: str = "") -> dict:
-    """Metadata values whose key starts with `prefix` (big token arrays only if asked for)."""
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith(prefix) and not k.startswith("GGUF.")}
+def metadata(reader) -> dict:
+    """Every metadata value by key (the file header's own `GGUF.*` fields left out)."""
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
 def dequantize(path: Path, tensor) -> np.ndarray:
@@ -233,8 +233,8 @@ def tokenizer_files(meta: dict) -> tuple[str, dict]:
 
     # Bake BOS/EOS adding into tokenizer.json, so every reader of the file agrees.
     bos, eos = token("bos_token_id"), token("eos_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama")) and bos
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos
+    add_bos = bos is not None and bool(meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama"))
+    add_eos = eos is not None and bool(meta.get("tokenizer.ggml.add_eos_token", False))
     single = ([bos] if add_bos else []) + ["$A"] + ([eos] if add_eos else [])
     pair = single + [("$B:1" if t == "$A" else t) for t in single]
     specials = ([(bos, token_id("bos_token_id"))] if add_bos else []) + (
@@ -248,8 +248,8 @@ def tokenizer_files(meta: dict) -> tuple[str, dict]:
         "eos_token": eos,
         "unk_token": token("unknown_token_id"),
         "pad_token": token("padding_token_id"),
-        "add_bos_token": bool(add_bos),
-        "add_eos_token": bool(add_eos),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(meta.get(f"{arch}.context_length", 0)) or None,
     }
@@ -323,6 +323,10 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
             mlx_name(t.name, arch)  # fail on unknown tensors before the slow part
     except MlxspecError as e:
         raise MlxspecError(f"{path}: {e}") from None
+    need, free = sum(4 * int(np.prod(s)) for s in shapes.values()), shutil.disk_usage(out).free
+    if free < need + (256 << 20):
+        raise MlxspecError(f"{path}: converting needs {need / 1e9:.1f} GB free in {out.parent}, "
+                           f"only {free / 1e9:.1f} GB left")
     _say(progress, f"converting {path.name} ({arch}, {config['num_hidden_layers']} layers, "
                    f"{len(reader.tensors)} tensors) to float32 MLX weights")
 

