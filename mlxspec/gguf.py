@@ -44,6 +44,7 @@ from .errors import MlxspecError
 from .paths import cache_dir
 
 SHARD_BYTES = 2 << 30
+FORMAT = 1  # of the converted folders; bump it when conversion changes, and old cache entries are redone
 MLX_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 # GGUF block tensor suffix -> mlx-lm name inside `model.layers.N.`
@@ -340,13 +341,22 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     eos = eos_ids(meta, tokens, kinds)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
-    config["mlxspec"] = {"source": path.name, "sha256": digest, "general.name": meta.get("general.name")}
+    config["mlxspec"] = {"source": path.name, "sha256": digest, "general.name": meta.get("general.name"),
+                         "format": FORMAT}
 
     write_weights(path, reader, arch, out, progress)
     (out / "tokenizer.json").write_text(tok_json)
     _write_json(out / "tokenizer_config.json", tok_config)
     _write_json(out / "generation_config.json", {"bos_token_id": config["bos_token_id"], "eos_token_id": eos})
     _write_json(out / "config.json", config)  # last: a folder with config.json is complete
+
+
+def cached_format(folder: Path) -> int | None:
+    """The FORMAT a converted folder was written with, or None if it is not one."""
+    try:
+        return json.loads((folder / "config.json").read_text())["mlxspec"]["format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def convert(gguf_path, progress: bool = True) -> Path:
@@ -361,7 +371,7 @@ def convert(gguf_path, progress: bool = True) -> Path:
         raise MlxspecError(f"{path}: no such GGUF file")
     digest = sha256_file(path)
     final = cache_dir() / "models" / digest
-    if (final / "config.json").is_file():
+    if cached_format(final) == FORMAT:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -369,10 +379,14 @@ def convert(gguf_path, progress: bool = True) -> Path:
     try:
         convert_into(path, tmp, digest, progress)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if final.exists() and cached_format(final) != FORMAT:  # an entry from an older mlxspec
+            stale = final.with_name(f".{digest[:16]}-{os.getpid()}.stale.tmp")
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not (final / "config.json").is_file():  # not just another process finishing first
+            if cached_format(final) != FORMAT:  # not just another process finishing first
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:

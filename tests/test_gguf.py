@@ -251,6 +251,21 @@ def test_second_convert_returns_the_cache_entry_without_reading(tmp_path, home, 
     assert cache_entries(home) == [first.name]
 
 
+def test_cache_entry_of_an_older_format_is_redone(tmp_path, home):
+    model, cfg = tiny_model("qwen2")
+    write_gguf(tmp_path / "q.gguf", "qwen2", model, cfg)
+    folder = gguf.convert(tmp_path / "q.gguf", progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    config["mlxspec"]["format"] = gguf.FORMAT - 1
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"stale")
+    assert gguf.convert(tmp_path / "q.gguf", progress=False) == folder
+    assert gguf.cached_format(folder) == gguf.FORMAT
+    assert cache_entries(home) == [folder.name]
+    converted, _ = mlx_lm_load(str(folder))
+    np.testing.assert_allclose(logits(converted, IDS), logits(model, IDS), rtol=1e-4, atol=1e-3)
+
+
 def corrupt(src, dst, how, data_offset=None):
     """A damaged copy of `src`; `data_offset`: where the first tensor's data starts (read if not given)."""
     data = bytearray(src.read_bytes())
