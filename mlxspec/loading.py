@@ -93,16 +93,26 @@ def resolve_model_dir(spec: str | Path) -> Path:
         return path
     from . import weights
 
-    if spec_str in weights.CATALOG:
+    name = _catalog_name(spec_str)
+    if name is not None:
         from .gguf import convert
 
-        return convert(weights.ensure(spec_str))
+        return convert(weights.ensure(name))
     if spec_str.count("/") == 1 and not path.exists():
         return _from_hf_cache(spec_str)
     raise MlxspecError(
         f"model not found: {spec_str!r} (give a model folder, a pair folder, a .gguf file, "
         f"a cached Hugging Face repo id, or one of: {', '.join(weights.CATALOG)})"
     )
+
+
+def _catalog_name(spec: str) -> str | None:
+    from . import weights
+
+    try:
+        return weights.resolve(spec)
+    except Exception:
+        return None
 
 
 def _from_hf_cache(repo: str) -> Path:
