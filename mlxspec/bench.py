@@ -54,10 +54,8 @@ from .generate_cli import model_options
 SCHEMA = "mlxspec-bench/1"
 DEFAULT_SUITES = ("code", "chat", "grounded", "creative")
 DRAFTERS = ("model", "lookup", "layerskip")
-# The default line-up; contenders the installed mlxspec lacks are skipped with a note.
-DEFAULT_CONTENDERS = "plain,mlx-lm,model,model:auto,lookup:auto"
 ALL_CONTENDERS = "plain,mlx-lm,mlx-lm-plain,model,model:auto,lookup,lookup:auto,layerskip,layerskip:auto"
-DEFAULT_MAX_TOKENS = 64
+DEFAULT_MAX_TOKENS = 48
 QUICK_MAX_TOKENS = 16
 WARMUP_TOKENS = 8
 NEAR_TIE = 0.05  # logit gap below which a greedy divergence is put down to float rounding
@@ -350,14 +348,14 @@ class MlxspecContender(Contender):
         return make_decoder(pair, self.drafter, self.num_draft, self.p_min)
 
     def stream(self, pair, ids, temp, max_tokens, seed, info):
-        from .sampling import SamplingParams
-        from .stats import GenerationStats
+        # the public streaming API, which detokenizes as it goes (as mlx-lm's does)
+        from .api import stream_generate
 
-        decoder = self.decoder(pair)
-        stats = GenerationStats()
-        info["stats"] = stats
-        params = SamplingParams(temp=temp, seed=seed)
-        yield from decoder.generate(ids, params, max_tokens, pair.tokenizer.eos_token_ids, stats)
+        stream = stream_generate(pair, ids, max_tokens=max_tokens, decoder=self.decoder(pair), temp=temp, seed=seed)
+        info["stats"] = stream.stats
+        for chunk in stream:
+            if chunk.token >= 0:  # -1: the detokenizer's trailing text, no token
+                yield chunk.token, chunk.from_draft
 
 
 class MlxLmContender(Contender):
@@ -436,8 +434,23 @@ def make_contender(spec: str, default_k: int = 3) -> Contender:
         f"unknown contender {spec!r}: plain, mlx-lm[:K], mlx-lm-plain, or {'/'.join(DRAFTERS)}[:K|:auto]")
 
 
-def make_contenders(specs: str, default_k: int = 3) -> list[Contender]:
-    if specs.strip() == "all":
+def default_contenders() -> str:
+    """plain, mlx-lm, the draft model at fixed k, and -- where this mlxspec has them -- the
+    draft model with the adaptive draft length and prompt lookup (adaptive if it can be)."""
+    from . import draft_length, drafters
+
+    auto = hasattr(draft_length, "make_adaptive")
+    specs = ["plain", "mlx-lm", "model"] + (["model:auto"] if auto else [])
+    if hasattr(drafters, "make_lookup"):
+        specs.append("lookup:auto" if auto else "lookup")
+    return ",".join(specs)
+
+
+def make_contenders(specs: str | None, default_k: int = 3) -> list[Contender]:
+    """Contenders from a comma-separated spec list ('all', or None for the default line-up)."""
+    if specs is None or specs.strip() == "default":
+        specs = default_contenders()
+    elif specs.strip() == "all":
         specs = ALL_CONTENDERS
     out, names = [], set()
     for s in specs.split(","):
@@ -506,13 +519,14 @@ def summarize(records: list[dict], contenders: list[str], baseline: str = "plain
     temps = sorted({r["temp"] for r in records})
     suites = list(dict.fromkeys(r["suite"] for r in records))
     for temp in temps:
-        for suite in suites + ["all"]:
+        for suite in suites + (["all"] if len(suites) > 1 else []):
             sel = [r for r in records if r["temp"] == temp and (suite == "all" or r["suite"] == suite)]
             if not sel:
                 continue
-            tps_by = {}
+            tps_by, e2e_by = {}, {}
             for r in sel:
                 tps_by.setdefault(r["contender"], {}).setdefault(r["prompt"], []).append(r["decode_tps"])
+                e2e_by.setdefault(r["contender"], {}).setdefault(r["prompt"], []).append(r["e2e_tps"])
             base_tps = tps_by.get(baseline, {})
             for c in contenders:
                 mine = [r for r in sel if r["contender"] == c]
@@ -535,6 +549,7 @@ def summarize(records: list[dict], contenders: list[str], baseline: str = "plain
                     "e2e_tokens_per_s": median(r["e2e_tps"] for r in mine),
                     "speedup": speedup,
                     "speedup_per_prompt": ratios,
+                    "e2e_speedup": pairwise_speedup(e2e_by[c], e2e_by.get(baseline, {}))[0],  # prompt time included
                     "acceptance_rate": accepted / proposed if proposed else None,
                     "draft_proposed": proposed,
                     "draft_accepted": accepted,
@@ -651,22 +666,29 @@ def run_benchmark(pair, prompts: list[Prompt], contenders: list[Contender], *, t
              f"rough estimate {_fmt_time(est)} (m:ss)")
 
     records, total = [], len(active) * len(prompts) * len(temps) * repeats
-    done = 0
-    for temp in temps:
-        for pi, prompt in enumerate(prompts):
-            ids = ids_by_prompt[prompt.key]
-            for rep in range(repeats):
-                shift = (pi + rep) % len(active)
-                order = active[shift:] + active[:shift]  # rotate, so no contender always goes first
-                run_seed = seed + rep
-                for c in order:
-                    run = c.run(pair, ids, temp=temp, max_tokens=max_tokens, seed=run_seed)
-                    rec = record_of(run, c, prompt, len(ids), temp, rep, run_seed)
-                    records.append(rec)
-                    done += 1
-                    acc = f", acceptance {100 * rec['acceptance_rate']:.0f}%" if rec["acceptance_rate"] is not None else ""
-                    echo(f"[{done}/{total} {_fmt_time(time.perf_counter() - t_start)}] {prompt.key} T={temp:g} "
-                         f"#{rep}  {c.name}: {rec['generated_tokens']} tok, {rec['decode_tps']:.2f} tok/s{acc}")
+    done, interrupted = 0, False
+    try:
+        for temp in temps:
+            for pi, prompt in enumerate(prompts):
+                ids = ids_by_prompt[prompt.key]
+                for rep in range(repeats):
+                    shift = (pi + rep) % len(active)
+                    order = active[shift:] + active[:shift]  # rotate, so no contender always goes first
+                    run_seed = seed + rep
+                    for c in order:
+                        run = c.run(pair, ids, temp=temp, max_tokens=max_tokens, seed=run_seed)
+                        rec = record_of(run, c, prompt, len(ids), temp, rep, run_seed)
+                        records.append(rec)
+                        done += 1
+                        acc = (f", acceptance {100 * rec['acceptance_rate']:.0f}%"
+                               if rec["acceptance_rate"] is not None else "")
+                        echo(f"[{done}/{total} {_fmt_time(time.perf_counter() - t_start)}] {prompt.key} T={temp:g} "
+                             f"#{rep}  {c.name}: {rec['generated_tokens']} tok, {rec['decode_tps']:.2f} tok/s{acc}")
+    except KeyboardInterrupt:
+        if not records:
+            raise
+        interrupted = True
+        echo(f"interrupted after {done}/{total} runs: reporting those")
     check_greedy(records)
     explain_divergences(pair, records, ids_by_prompt)
     names = [c.name for c in active]
@@ -678,6 +700,7 @@ def run_benchmark(pair, prompts: list[Prompt], contenders: list[Contender], *, t
         "warmup": warm,
         "runs": records,
         "summary": summarize(records, names),
+        "interrupted": interrupted,
         "elapsed_s": time.perf_counter() - t_start,
     }
 
@@ -756,7 +779,7 @@ def _match(m):
     return "-" if not m else f"{m['matched']}/{m['checked']}"
 
 
-TABLE_COLUMNS = ("suite", "contender", "tok/s", "speed-up", "accept", "tok/pass", "peak MB", "= plain")
+TABLE_COLUMNS = ("suite", "contender", "tok/s", "speed-up", "e2e", "accept", "tok/pass", "peak MB", "= plain")
 
 
 def table_rows(summary: list[dict], temp: float) -> list[list[str]]:
@@ -766,7 +789,8 @@ def table_rows(summary: list[dict], temp: float) -> list[list[str]]:
             continue
         rows.append([
             r["suite"], r["contender"], _num(r["tokens_per_s"]),
-            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x", _pct(r["acceptance_rate"]),
+            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+            "-" if r.get("e2e_speedup") is None else f"{r['e2e_speedup']:.2f}x", _pct(r["acceptance_rate"]),
             _num(r["mean_accepted_length"]), f"{r['peak_memory_bytes'] / 2**20:.0f}", _match(r["greedy_match"]),
         ])
     return rows
@@ -804,10 +828,11 @@ def markdown(doc: dict) -> str:
         "- versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v),
         f"- prompts: {len(doc['prompts'])} ({', '.join(cfg['suites'])}; {cfg['prompts_per_suite'] or 'all'} per suite), "
         f"max {cfg['max_tokens']} tokens, temperatures {', '.join(f'{t:g}' for t in cfg['temps'])}, "
-        f"{cfg['repeats']} repeat(s), seed {cfg['seed']}; run time {_fmt_time(doc['elapsed_s'])}",
+        f"{cfg['repeats']} repeat(s), seed {cfg['seed']}; run time {_fmt_time(doc['elapsed_s'])}"
+        + (" (INTERRUPTED: partial results)" if doc.get("interrupted") else ""),
         "",
         "tok/s: decode rate after the first round (median over prompts); speed-up: per-prompt ratio to plain, "
-        "median over prompts; accept: drafted tokens kept; tok/pass: tokens per target forward pass; "
+        "median over prompts; e2e: the same with prompt processing included; accept: drafted tokens kept; tok/pass: tokens per target forward pass; "
         "= plain: greedy outputs identical to plain decoding (token ids).",
         "",
     ]
@@ -1137,8 +1162,9 @@ def _command() -> str:
               help=f"Tokens per generation [default: {DEFAULT_MAX_TOKENS}; {QUICK_MAX_TOKENS} with --quick].")
 @click.option("--num-draft", "-k", type=int, default=3, show_default=True,
               help="k for fixed-k contenders (mlx-lm's default is 3).")
-@click.option("--contenders", default=DEFAULT_CONTENDERS, show_default=True,
-              help="plain, mlx-lm[:K], mlx-lm-plain, model|lookup|layerskip[:K|:auto], or 'all'.")
+@click.option("--contenders", default=None,
+              help="Comma-separated: plain, mlx-lm[:K], mlx-lm-plain, model|lookup|layerskip[:K|:auto]; or 'all' "
+                   "[default: plain,mlx-lm,model, plus model:auto and lookup where this mlxspec has them].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for T > 0 (repeat r uses seed + r).")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: ./mlxspec-bench/<date-time>].")
@@ -1203,7 +1229,8 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
         "pair": _pair_info(pair),
         "config": {"suites": [s.name for s in suite_objs], "suite_files": [s.path for s in suite_objs],
                    "prompts_per_suite": prompts_per_suite, "temps": temps_list, "repeats": repeats,
-                   "max_tokens": max_tokens, "num_draft": num_draft, "contenders": contenders, "seed": seed,
+                   "max_tokens": max_tokens, "num_draft": num_draft,
+                   "contenders": ",".join(c.spec for c in lineup), "seed": seed,
                    "warmup_tokens": WARMUP_TOKENS, "chat_template": bool(getattr(pair.tokenizer, "chat_template", None))},
         **result,
     }
