@@ -96,23 +96,26 @@ def _rec(contender, prompt, tps, temp=0.0, tokens=(1, 2, 3), repeat=0, proposed=
 
 def test_summary_from_synthetic_timings():
     recs = [
-        _rec("plain", "s/p1", 1.0), _rec("plain", "s/p2", 2.0), _rec("plain", "s/p3", 10.0),
+        _rec("plain", "s/p1", 1.0), _rec("plain", "s/p2", 2.0), _rec("plain", "t/p3", 10.0),
         _rec("fast", "s/p1", 1.5, proposed=6, accepted=3, passes=2),
         _rec("fast", "s/p2", 10.0, proposed=6, accepted=6, passes=1, tokens=(1, 2, 4)),
-        _rec("fast", "s/p3", 11.0, proposed=6, accepted=0, passes=3),
+        _rec("fast", "t/p3", 11.0, proposed=6, accepted=0, passes=3),
     ]
     bench.check_greedy(recs)
     rows = {(r["suite"], r["contender"]): r for r in bench.summarize(recs, ["plain", "fast"])}
-    assert set(rows) == {("s", "plain"), ("s", "fast"), ("all", "plain"), ("all", "fast")}
-    fast = rows[("s", "fast")]
+    assert set(rows) == {(s, c) for s in ("s", "t", "all") for c in ("plain", "fast")}
+    fast = rows[("all", "fast")]
     assert set(fast) == SUMMARY_FIELDS
-    assert fast["speedup"] == pytest.approx(1.5)
+    assert fast["speedup"] == pytest.approx(1.5)  # median of 1.5, 5, 1.1
+    assert fast["speedup_per_prompt"] == pytest.approx({"s/p1": 1.5, "s/p2": 5.0, "t/p3": 1.1})
     assert fast["tokens_per_s"] == pytest.approx(10.0)
     assert fast["acceptance_rate"] == pytest.approx(9 / 18)  # pooled, not a mean of rates
     assert fast["mean_accepted_length"] == pytest.approx(9 / 6)
     assert fast["greedy_match"] == {"matched": 2, "checked": 3}
-    assert rows[("s", "plain")]["speedup"] == pytest.approx(1.0)
-    assert rows[("s", "plain")]["acceptance_rate"] is None
+    assert rows[("s", "fast")]["speedup"] == pytest.approx((1.5 + 5.0) / 2)
+    assert rows[("t", "fast")]["greedy_match"] == {"matched": 1, "checked": 1}
+    assert rows[("all", "plain")]["speedup"] == pytest.approx(1.0)
+    assert rows[("all", "plain")]["acceptance_rate"] is None
 
 
 def test_first_round_is_excluded_from_the_decode_rate():
@@ -181,7 +184,7 @@ def test_greedy_check_catches_a_wrong_contender(tiny_pair, suite_file):
         assert good["matches_plain"] is True and good["first_divergence"] is None
         assert bad["matches_plain"] is False and bad["first_divergence"] == 3
         assert bad["near_tie_gap"] > 0  # the target's logit gap between the two tokens is reported
-    rows = {r["contender"]: r for r in res["summary"] if r["suite"] == "all"}
+    rows = {r["contender"]: r for r in res["summary"] if r["suite"] == "mini"}
     assert rows["off-by-one"]["greedy_match"] == {"matched": 0, "checked": 2}
     assert rows["mlxspec model k=3"]["greedy_match"] == {"matched": 2, "checked": 2}
     assert rows["plain"]["speedup"] == pytest.approx(1.0)
