@@ -8,11 +8,12 @@ from .api import Chunk, GenerationStream, Result, generate, make_decoder, stream
 from .errors import MlxspecError  # noqa: E402
 from .loading import Pair, load  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
+from .session import ContextFullError, Session  # noqa: E402
 from .stats import GenerationStats  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Chunk", "GenerationStats", "GenerationStream", "MlxspecError", "Pair", "Result",
-    "SamplingParams", "generate", "load", "make_decoder", "stream_generate",
+    "Chunk", "ContextFullError", "GenerationStats", "GenerationStream", "MlxspecError", "Pair", "Result",
+    "SamplingParams", "Session", "generate", "load", "make_decoder", "stream_generate",
 ]
