@@ -20,7 +20,7 @@ from .draft_length import FixedK
 from .drafters import Drafter, ModelDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
-from .speculative import DEFAULT_NUM_DRAFT, SpeculativeDecoder, check_context
+from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
 
 
@@ -58,7 +58,8 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[
 
 
 def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0) -> Drafter:
-    """'model' (the pair's draft, the default when there is one), 'none', or a Drafter."""
+    """'model' (the pair's draft, the default when there is one), 'lookup' (prompt
+    lookup), 'layerskip' (self-speculation), 'none', or a Drafter."""
     if isinstance(drafter, Drafter):
         return drafter
     if drafter is None:
@@ -78,11 +79,12 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0)
 
 
 def make_policy(num_draft, drafter: Drafter):
+    """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
+    for every drafter): the adaptive policy, which picks k from measured costs and
+    acceptance and falls back to plain decoding when drafting does not pay."""
     if not drafter.max_k:
         return FixedK(0)
-    if num_draft is None:
-        num_draft = DEFAULT_NUM_DRAFT
-    if num_draft == "auto":
+    if num_draft is None or num_draft == "auto":
         from .draft_length import make_adaptive
 
         return make_adaptive(drafter)

@@ -34,7 +34,8 @@ def model_options(f):
 
 
 def sampling_options(f):
-    f = click.option("--seed", type=int, default=None, help="Random seed (same seed, same output).")(f)
+    f = click.option("--seed", type=int, default=None, help="Random seed: same seed, same output with a fixed --num-draft (with 'auto' k follows "
+                          "measured timings, so sampled outputs may differ; each is an exact sample).")(f)
     f = click.option("--repetition-penalty", type=float, default=1.0, show_default=True)(f)
     f = click.option("--min-p", type=float, default=0.0, show_default=True)(f)
     f = click.option("--top-k", type=int, default=0, show_default=True)(f)
@@ -53,8 +54,12 @@ def sampling_kwargs(o) -> dict:
 @click.option("--prompt", "-p", required=True, help="Prompt text ('-' reads standard input).")
 @click.option("--max-tokens", "-m", type=int, default=256, show_default=True)
 @sampling_options
-@click.option("--num-draft", default=None, help="Draft tokens per round (default 4), or 'auto'.")
-@click.option("--drafter", default=None, help="model | none (default: model when a draft is loaded).")
+@click.option("--num-draft", default=None,
+              help="Draft tokens per round, or 'auto' (default): pick k from measured speed and acceptance, "
+                   "and fall back to plain decoding when drafting does not pay.")
+@click.option("--drafter", default=None,
+              help="model | lookup (prompt n-grams, no draft model) | layerskip (the target with layers skipped) "
+                   "| none (default: model when a draft is loaded).")
 @click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting when the draft's top probability is below this.")
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
 @click.option("--compare", is_flag=True, help="Also run plain target decoding and report the speed-up.")
@@ -67,7 +72,8 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, drafter, dra
     if prompt == "-":
         prompt = sys.stdin.read()
     num_draft = parse_num_draft(num_draft)
-    pair = load(model, draft, no_draft=no_draft and not compare)
+    needs_draft = drafter in (None, "model") or draft is not None  # lookup/layerskip use no draft model
+    pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
     kw = dict(max_tokens=max_tokens, num_draft=num_draft, drafter="none" if no_draft else drafter,
               p_min=draft_p_min, chat_template=not ignore_chat_template, **sampling_kwargs(opts))
     if not as_json:

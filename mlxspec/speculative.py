@@ -64,6 +64,8 @@ class SpeculativeDecoder:
         (a list the caller owns) before it is yielded.  EOS is not yielded."""
         stats = stats if stats is not None else GenerationStats()
         stats.drafter = self.drafter.name
+        if hasattr(self.policy, "start"):
+            self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
         eos = set(eos_token_ids)
         limit = self.context_length
         check_context(history, limit)
