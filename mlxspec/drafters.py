@@ -249,7 +249,8 @@ class LayerSkipModel:
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)
         if not isinstance(layers, list) or not layers:
-            raise MlxspecError(f"layer skipping needs an mlx_lm model with model.layers; {type(model).__name__} has none")
+            raise MlxspecError(
+                f"layer skipping needs an mlx_lm model with model.layers; {type(model).__name__} has none")
         keep = sorted(set(keep))
         if not keep or keep[0] < 0 or keep[-1] >= len(layers):
             raise ValueError(f"kept layers {keep} out of range for {len(layers)} layers")
