@@ -1,5 +1,6 @@
 """After any accept/reject pattern, both KV caches equal a fresh prefill of the
-kept tokens (and hold exactly those tokens)."""
+kept tokens (and hold exactly those tokens): for the draft model, and for the
+layer-skip draft (its own cache list over the target's shared weights)."""
 
 import mlx.core as mx
 import numpy as np
@@ -7,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import drafter_models
 import tiny_models
 from mlxspec.cache import ModelState
 from mlxspec.draft_length import FixedK
-from mlxspec.drafters import ModelDrafter
+from mlxspec.drafters import LayerSkipDrafter, ModelDrafter
 from mlxspec.sampling import SamplingParams
 from mlxspec.speculative import SpeculativeDecoder
 
@@ -46,6 +48,30 @@ def test_caches_match_fresh_prefill(prompt, k, noise, max_tokens, temp):
     history = list(prompt)
     list(dec.generate(history, SamplingParams(temp=temp, seed=1), max_tokens=max_tokens))
     drafter.prefill(history)  # the drafter rolls back and catches up lazily, at its next proposal
+    assert_cache_is_fresh_prefill(dec.target, history)
+    assert_cache_is_fresh_prefill(drafter.state, history)
+
+
+SKIP_TARGET = drafter_models.layerskip_target("qwen2", seed=21)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.lists(st.integers(5, 299), min_size=1, max_size=12),
+    k=st.integers(1, 6),
+    keep=st.sampled_from([[0, 2], [1, 2], [0], [0, 1, 2]]),
+    max_tokens=st.integers(1, 14),
+    temp=st.sampled_from([0.0, 1.0]),
+)
+def test_layerskip_caches_match_fresh_prefill(prompt, k, keep, max_tokens, temp):
+    """Kept layers hold the draft's keys/values, skipped ones 1-wide dummies; all of
+    them equal a fresh prefill of the kept tokens, and the target's cache is untouched
+    by the draft sharing its weights."""
+    drafter = LayerSkipDrafter(SKIP_TARGET, keep=keep)
+    dec = SpeculativeDecoder(SKIP_TARGET, drafter, FixedK(k))
+    history = list(prompt)
+    list(dec.generate(history, SamplingParams(temp=temp, seed=1), max_tokens=max_tokens))
+    drafter.prefill(history)
     assert_cache_is_fresh_prefill(dec.target, history)
     assert_cache_is_fresh_prefill(drafter.state, history)
 

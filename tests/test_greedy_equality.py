@@ -1,4 +1,7 @@
-"""Greedy speculative output is token-identical to plain greedy decoding of the target.
+"""Greedy speculative output is token-identical to plain greedy decoding of the target,
+for every drafter (draft model, prompt lookup, layer skip) and every policy (fixed k,
+the adaptive policy on real timings, and the adaptive policy fed a cost model under
+which drafting pays, so that k varies while it drafts).
 
 Where float non-associativity makes the batched verify flip a near-tie, the test
 accepts the divergence only if the target's top-2 logit gap at that position is
@@ -10,10 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import drafter_models
 import tiny_models
-from mlxspec.draft_length import FixedK
+from mlxspec.draft_length import AdaptiveK, FixedK
 from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.stats import GenerationStats
 
 NEAR_TIE = 1e-4
 MAX_TOKENS = 24
@@ -28,6 +33,45 @@ def models(arch):
         drafts = [tiny_models.perturbed(target, cfg, noise=n, seed=5) for n in (0.005, 0.03)]
         MODELS[arch] = (target, drafts)
     return MODELS[arch]
+
+
+DRAFTERS = ["model", "lookup", "layerskip"]
+POLICIES = list(range(1, 9)) + ["auto", "auto-cheap"]
+TARGETS = {}
+
+
+class CostModelK(AdaptiveK):
+    """The adaptive policy fed a fixed cost model (a draft step costs 5 % of a target
+    pass) instead of wall-clock times: on tiny models, where a draft costs as much as
+    the target, the real policy soon stops drafting; this one keeps drafting with k
+    chosen from the acceptance it sees."""
+
+    def update(self, k, n_accepted, draft_time, verify_time):
+        super().update(k, n_accepted, 0.005 * k, 0.1 * (1 + 0.1 * k))
+
+
+def policy(k):
+    if k == "auto":
+        return AdaptiveK(max_k=8)
+    if k == "auto-cheap":
+        return CostModelK(max_k=8)
+    return FixedK(k)
+
+
+def setup(kind, arch, which=0, prompt=None):
+    """(target, drafter, prompt) for a drafter kind: the model drafter drafts for the
+    random target; lookup and layer skip get targets where they find something
+    (see drafter_models), lookup a prompt that quotes the target's continuation."""
+    if kind == "model":
+        target, drafts = models(arch)
+        return target, ModelDrafter(drafts[which]), prompt
+    if (kind, arch) not in TARGETS:
+        build = drafter_models.lookup_target if kind == "lookup" else drafter_models.layerskip_target
+        TARGETS[kind, arch] = build(arch)
+    target = TARGETS[kind, arch]
+    if kind == "lookup" and prompt is not None:
+        prompt = drafter_models.grounded_prompt(target, prompt)
+    return target, drafter_models.make(kind, target), prompt
 
 
 def plain(target, prompt):
@@ -50,32 +94,41 @@ def assert_same_or_near_tie(target, prompt, expected, got):
     assert len(expected) == len(got)
 
 
+@pytest.mark.parametrize("kind", DRAFTERS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prompt=st.lists(st.integers(5, 299), min_size=1, max_size=20),
-    k=st.integers(1, 8),
+    k=st.sampled_from(POLICIES),
     which=st.integers(0, 1),
 )
-def test_greedy_speculative_equals_plain(arch, prompt, k, which):
-    target, drafts = models(arch)
+def test_greedy_speculative_equals_plain(kind, arch, prompt, k, which):
+    target, drafter, prompt = setup(kind, arch, which, prompt)
     expected = plain(target, prompt)
     h = list(prompt)
-    dec = SpeculativeDecoder(target, ModelDrafter(drafts[which]), FixedK(k))
+    dec = SpeculativeDecoder(target, drafter, policy(k))
     got = [t for t, _ in dec.generate(h, max_tokens=MAX_TOKENS)]
     assert_same_or_near_tie(target, prompt, expected, got)
     assert h == list(prompt) + got
 
 
-@pytest.mark.parametrize("k", range(1, 9))
-def test_every_k_on_both_archs_with_a_fixed_prompt(k):
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_every_policy_on_both_archs_with_a_fixed_prompt(kind):
+    """Every k and the adaptive policies, for each drafter; and the drafter really
+    contributes (drafts are kept and drafts are rejected), so both paths are tested."""
+    accepted = rejected = 0
     for arch in ("llama", "qwen2"):
-        target, drafts = models(arch)
-        prompt = [7, 19, 200, 31, 31, 5]
-        expected = plain(target, prompt)
-        got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(drafts[0]), FixedK(k)).generate(
-            list(prompt), max_tokens=MAX_TOKENS)]
-        assert_same_or_near_tie(target, prompt, expected, got)
+        for k in POLICIES:
+            target, drafter, prompt = setup(kind, arch, 0, [7, 19, 200, 31, 31, 5])
+            expected = plain(target, prompt)
+            stats = GenerationStats()
+            got = [t for t, _ in SpeculativeDecoder(target, drafter, policy(k)).generate(
+                list(prompt), max_tokens=MAX_TOKENS, stats=stats)]
+            assert_same_or_near_tie(target, prompt, expected, got)
+            assert stats.tokens_plain + stats.tokens_speculative == len(got)
+            accepted += stats.draft_accepted
+            rejected += stats.draft_proposed - stats.draft_accepted
+    assert accepted > 20 and rejected > 20, (accepted, rejected)
 
 
 def test_a_wrong_draft_still_gives_the_target_output():

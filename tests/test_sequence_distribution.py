@@ -1,6 +1,8 @@
 """Sequence level: 3-token speculative samples follow the target's exact sequence
-probabilities (chi-square, fixed seeds, thousands of samples); and the test has
-power: it fails when the residual step is deliberately broken."""
+probabilities (chi-square, fixed seeds, thousands of samples), for the draft model,
+prompt lookup (deterministic proposals, q = one-hot) and layer skip (q from the
+target's own layers); and the test has power: it fails when the residual step is
+deliberately broken, or when a sampled draft is passed off as deterministic."""
 
 import itertools
 
@@ -10,8 +12,8 @@ import pytest
 
 import tiny_models
 from mlxspec import acceptance
-from mlxspec.draft_length import FixedK
-from mlxspec.drafters import ModelDrafter
+from mlxspec.draft_length import AdaptiveK, FixedK
+from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from mlxspec.sampling import SamplingParams, process_logits
 from mlxspec.speculative import SpeculativeDecoder
 from stats_util import chi_square
@@ -29,26 +31,28 @@ def models():
     return target, draft
 
 
-def exact_sequence_probs(target, params):
+def exact_sequence_probs(target, params, prompt=PROMPT):
     """P(y1 y2 y3 | prompt) = prod_i p(y_i | prompt, y_<i), by full forwards."""
     probs = {}
     for seq in itertools.product(range(V), repeat=LENGTH):
-        tokens = PROMPT + list(seq)
-        logits = target(mx.array(tokens)[None])[0, len(PROMPT) - 1: -1]
-        lp = process_logits(logits, params, [tokens[: len(PROMPT) + i] for i in range(LENGTH)])
+        tokens = prompt + list(seq)
+        logits = target(mx.array(tokens)[None])[0, len(prompt) - 1: -1]
+        lp = process_logits(logits, params, [tokens[: len(prompt) + i] for i in range(LENGTH)])
         probs[seq] = float(np.exp(np.array(lp)[np.arange(LENGTH), list(seq)].sum()))
     return probs
 
 
-def sample_sequences(target, draft, params, k=2):
-    dec = SpeculativeDecoder(target, ModelDrafter(draft), FixedK(k))
+def sample_sequences(target, draft, params, k=2, samples=SAMPLES, prompt=PROMPT):
+    """`draft`: a draft model, or a Drafter; `k`: an int or a policy."""
+    drafter = ModelDrafter(draft) if not hasattr(draft, "propose") else draft
+    dec = SpeculativeDecoder(target, drafter, FixedK(k) if isinstance(k, int) else k)
     counts, accepted = {}, 0
-    for i in range(SAMPLES):
+    for i in range(samples):
         p = SamplingParams(**{**params.to_dict(), "seed": 1000 + i})
         from mlxspec.stats import GenerationStats
 
         s = GenerationStats()
-        seq = tuple(t for t, _ in dec.generate(list(PROMPT), p, max_tokens=LENGTH, stats=s))
+        seq = tuple(t for t, _ in dec.generate(list(prompt), p, max_tokens=LENGTH, stats=s))
         counts[seq] = counts.get(seq, 0) + 1
         accepted += s.draft_accepted
     return counts, accepted
@@ -77,3 +81,63 @@ def test_chi_square_fails_when_residual_is_broken(models, monkeypatch):
     stat, df, pval = chi_square(counts, probs, SAMPLES)
     print(f"broken residual: chi2={stat:.1f} df={df} p={pval:.3g}")
     assert pval < 1e-3, f"broken residual went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+class CostModelK(AdaptiveK):
+    """The adaptive policy on a fixed cost model (drafting cheap), so that it keeps
+    drafting and k follows the acceptance it has seen, across samples."""
+
+    def update(self, k, n_accepted, draft_time, verify_time):
+        super().update(k, n_accepted, 0.01 * k, 0.1 * (1 + 0.1 * k))
+
+
+OTHER_DRAFTERS = {
+    # prompt lookup on a prompt that repeats itself, a proposal in most rounds (picked
+    # among the 512 prompts "abcabca" as one the target often continues: ~1/3 kept)
+    "lookup": (lambda target: PromptLookupDrafter(max_ngram=2, min_ngram=1), [6, 1, 5, 6, 1, 5, 6]),
+    # the target with its first layer skipped drafts for itself
+    "layerskip": (lambda target: LayerSkipDrafter(target, keep=[1]), PROMPT),
+}
+OTHER_SAMPLES = 2000
+OTHER_PARAMS = SamplingParams(temp=0.9, top_k=6)
+
+
+@pytest.mark.parametrize("kind", sorted(OTHER_DRAFTERS) + ["model-adaptive"])
+def test_other_drafters_match_target_sequence_distribution(models, kind):
+    """Lookup and layer skip with k = 2; the draft model with the adaptive policy
+    (k from 0 to 8, chosen from what earlier samples accepted)."""
+    target, draft = models
+    if kind == "model-adaptive":
+        make, prompt, k = (lambda target: ModelDrafter(draft)), PROMPT, CostModelK(max_k=8)
+    else:
+        (make, prompt), k = OTHER_DRAFTERS[kind], 2
+    probs = exact_sequence_probs(target, OTHER_PARAMS, prompt)
+    counts, accepted = sample_sequences(target, make(target), OTHER_PARAMS, k, samples=OTHER_SAMPLES, prompt=prompt)
+    assert accepted > OTHER_SAMPLES // 5  # the drafter really contributed tokens
+    stat, df, pval = chi_square(counts, probs, OTHER_SAMPLES)
+    print(f"{kind}: chi2={stat:.1f} df={df} p={pval:.3g} accepted={accepted}")
+    assert pval > 1e-3, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+class MisreportsQ(LayerSkipDrafter):
+    """A classic drafter bug: tokens drawn from q, but a different distribution
+    reported as q (here q squared and renormalised, as when the reported q misses
+    a processing step such as the temperature)."""
+
+    def propose(self, history, k, params, key):
+        prop = super().propose(history, k, params, key)
+        if prop.q is not None:
+            sharp = prop.q * prop.q
+            prop.q = sharp / sharp.sum(axis=-1, keepdims=True)
+        return prop
+
+
+def test_chi_square_fails_when_a_drafter_misreports_q(models):
+    """(Reporting q=None instead would be lossless: one-hot treatment is exact for
+    any proposal independent of the target's sampling, only less often accepted.)"""
+    target, _ = models
+    probs = exact_sequence_probs(target, OTHER_PARAMS)
+    counts, _ = sample_sequences(target, MisreportsQ(target, keep=[1]), OTHER_PARAMS, samples=1000)
+    stat, df, pval = chi_square(counts, probs, 1000)
+    print(f"q misreported: chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-3, f"a misreported q went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
