@@ -18,7 +18,10 @@ timing; returning 0 from `choose` means "plain decoding for this step".
   target pass over one position) is below 1, draft nothing; after `probe_every`
   plain tokens, probe with two one-token drafts (forgetting half of what it knew
   about acceptance, so the probe counts), and double the wait after each probe
-  that does not pay (up to `max_probe_every`).  When a generation starts
+  that does not pay (up to `max_probe_every`).  The wait is also long enough for
+  probes to cost at most `probe_budget` (3 %) of plain decoding time: a probe's
+  cost over plain steps is measured (it includes the draft catching up on the
+  tokens it missed), so a costly draft probes rarely.  When a generation starts
   the policy probes again, since a new prompt may suit the drafter better.
 
 A short explanation goes to `stats.notes` when fallback engages; `stats.tokens_plain`
@@ -53,7 +56,7 @@ class AdaptiveK:
                  window: int = 8, verify_slope_prior: float = 0.1,
                  neighbour_every: int = 12, refresh_plain_every: int = 32,
                  probe_every: int = 16, max_probe_every: int = 512, probe_rounds: int = 2,
-                 resume_above: float = 1.0, draft_cost_prior: float | None = None):
+                 probe_budget: float = 0.03, resume_above: float = 1.0, draft_cost_prior: float | None = None):
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         self.max_k = max_k
@@ -65,7 +68,7 @@ class AdaptiveK:
         self.window, self.verify_slope_prior = window, verify_slope_prior
         self.neighbour_every, self.refresh_plain_every = neighbour_every, refresh_plain_every
         self.probe_every0, self.max_probe_every, self.probe_rounds = probe_every, max_probe_every, probe_rounds
-        self.resume_above = resume_above
+        self.resume_above, self.probe_budget = resume_above, probe_budget
         self.draft_cost_prior = draft_cost_prior  # seconds per draft step, before any is measured
         self.acc = [0.0] * max_k  # exponentially weighted counts, by position
         self.tot = [0.0] * max_k
@@ -74,7 +77,10 @@ class AdaptiveK:
         self.rounds = 0
         self.fallback = False
         self.fallbacks = 0
-        self.probe_every = probe_every
+        self.probe_every = probe_every  # the backoff schedule, in plain tokens
+        self.probe_wait = probe_every  # the wait now: the schedule, or longer for a costly probe
+        self.probe_overhead = None  # seconds a probe took beyond plain steps for its tokens
+        self._probe_time = self._probe_tokens = 0.0
         self.plain_since_probe = 0
         self.probing = 0
         self.stats = None
@@ -93,7 +99,7 @@ class AdaptiveK:
         if self.probing:
             return 1  # position 1's acceptance decides whether drafting can pay at all
         if self.fallback:
-            if self.plain_since_probe >= self.probe_every:
+            if self.plain_since_probe >= self.probe_wait:
                 self._start_probe()
                 return self.choose()
             return 0
@@ -120,6 +126,8 @@ class AdaptiveK:
             if k == 0:
                 self.plain_since_probe += 1
             if self.probing:
+                self._probe_time += draft_time + verify_time
+                self._probe_tokens += n_accepted + 1
                 self.probing -= 1
                 if not self.probing:
                     self._end_probe()
@@ -190,22 +198,36 @@ class AdaptiveK:
         self.fallback = True
         self.fallbacks += 1
         self.plain_since_probe = 0
+        if self.probe_overhead is None:  # no probe timed yet: its drafting rounds, predicted
+            verify = self.verify_model()
+            self.probe_overhead = self.probe_rounds * max(
+                0.0, self.draft_cost(1) + (verify(1) or 0.0) - (verify(0) or 0.0) * self.expected_tokens(1))
+        self._set_wait()
         if self.stats is not None and not any(n.startswith("fallback") for n in self.stats.notes):
             a = self.acceptance()
             self.stats.notes.append(
                 f"fallback after {self.stats.tokens_speculative + self.stats.tokens_plain} tokens: drafting "
                 f"predicted to pay {speedup:.2f}x (acceptance at position 1 {a[0]:.2f}, draft step "
                 f"{1000 * self.draft_cost(1):.1f} ms, plain step {1000 * (self.verify_cost(0) or 0):.1f} ms); "
-                f"plain decoding, probing again after {self.probe_every}+ tokens (doubling)")
+                f"plain decoding, probing again after {self.probe_wait}+ tokens (doubling)")
+
+    def _set_wait(self):
+        """The backoff schedule, or longer when probes cost more than the budget allows."""
+        v0 = self.verify_cost(0)
+        budget_wait = self.probe_overhead / (self.probe_budget * v0) if v0 and self.probe_overhead else 0.0
+        self.probe_wait = int(min(max(self.probe_every, budget_wait), self.max_probe_every))
 
     def _start_probe(self):
         self.probing = self.probe_rounds
         self.plain_since_probe = 0
+        self._probe_time = self._probe_tokens = 0.0
         for i in range(self.max_k):  # forget half, so the probe's rounds count
             self.acc[i] *= 0.5
             self.tot[i] *= 0.5
 
     def _end_probe(self):
+        v0 = self.verify_cost(0) or 0.0
+        self.probe_overhead = max(0.0, self._probe_time - self._probe_tokens * v0)
         best, speedup = self.best()
         if speedup >= self.resume_above:
             self.fallback = False
@@ -214,6 +236,7 @@ class AdaptiveK:
                 self.stats.notes.append(f"resumed drafting after a probe: predicted {speedup:.2f}x at k={best}")
         else:
             self.probe_every = min(self.probe_every * 2, self.max_probe_every)
+            self._set_wait()
 
 
 def make_adaptive(drafter) -> AdaptiveK:

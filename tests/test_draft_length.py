@@ -126,6 +126,25 @@ def test_probes_again_with_backoff_and_resumes_when_drafting_pays_again():
     assert any(n.startswith("resumed") for n in stats.notes)
 
 
+def first_probe_gaps(machine, rounds=1500):
+    ks = drive(AdaptiveK(max_k=8), machine, rounds)
+    probes = [i for i in range(1, len(ks)) if ks[i] > 0 and ks[i - 1] == 0]
+    return list(np.diff(probes)), ks
+
+
+def test_costly_probes_wait_longer_to_stay_within_budget():
+    """Probing costs at most ~3 % of plain decoding: a draft that costs little probes
+    about every 40 plain tokens, then less often (backoff); one costing 3 target passes
+    per token waits until a probe's measured cost fits the budget."""
+    cheap, _ = first_probe_gaps(Machine([0.05], draft_step=0.05, seed=5))
+    costly, ks = first_probe_gaps(Machine([0.05], draft_step=0.3, seed=5))
+    assert cheap[0] <= 50 and costly[0] >= 4 * cheap[0], (cheap, costly)
+    # overall drafting time stays a small share: rounds that drafted cost 0.3 * k + 0.11
+    draft_rounds = [k for k in ks[10:] if k > 0]
+    extra = sum(0.3 * k + 0.01 * k for k in draft_rounds)
+    assert extra / (0.1 * len(ks[10:])) < 0.06
+
+
 def test_a_new_generation_probes_first_when_paused():
     pol = AdaptiveK(max_k=8)
     drive(pol, Machine([0.1], draft_step=0.08), 50)
