@@ -114,8 +114,9 @@ class PromptLookupDrafter(Drafter):
     """Propose the tokens that followed the most recent earlier occurrence of the
     last n tokens (n from `max_ngram` down to `min_ngram`).  No second model:
     pays on input-grounded work (editing code, summarising, quoting a document).
-    min_ngram = 2 by default: single-token matches are mostly wrong in prose and
-    code (on SmolLM2-135M, 21 % of their drafts kept against 33 % with 2-3-grams).
+    min_ngram = 2 by default: single-token matches are mostly wrong (SmolLM2-135M,
+    greedy, adaptive k: writing code, a quarter of the drafts kept with unigrams
+    against a third without, same speed; a code-edit answer ~10 % faster without).
 
     Proposals are deterministic (q=None: the acceptance rule treats them as
     one-hot, which keeps sampling exact).  An incremental index maps every
