@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -57,6 +58,12 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[
     raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")
 
 
+def parameter_count(model) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
 def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0) -> Drafter:
     """'model' (the pair's draft, the default when there is one), 'lookup' (prompt
     lookup), 'layerskip' (self-speculation), 'none', or a Drafter."""
@@ -69,31 +76,37 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0)
     if drafter == "model":
         if pair.draft is None:
             raise MlxspecError("no draft model loaded: pass --draft MODEL, or use --no-draft")
-        return ModelDrafter(pair.draft, p_min=p_min)
+        d = ModelDrafter(pair.draft, p_min=p_min)
+        d.relative_cost = parameter_count(pair.draft) / parameter_count(pair.target)
+        return d
     from . import drafters
 
     factory = getattr(drafters, "make_" + drafter.replace("-", "_"), None)
     if factory is None:
-        raise MlxspecError(f"unknown drafter {drafter!r}")
+        raise MlxspecError(f"unknown drafter {drafter!r}: choose model, lookup, layerskip or none")
+    if "p_min" in inspect.signature(factory).parameters:
+        return factory(pair, p_min=p_min)
     return factory(pair)
 
 
-def make_policy(num_draft, drafter: Drafter):
+def make_policy(num_draft, drafter: Drafter, reproducible: bool = False):
     """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
     for every drafter): the adaptive policy, which picks k from measured costs and
-    acceptance and falls back to plain decoding when drafting does not pay."""
+    acceptance and falls back to plain decoding when drafting does not pay.
+    `reproducible` (seeded sampling): k from a fixed cost model instead of timings."""
     if not drafter.max_k:
         return FixedK(0)
     if num_draft is None or num_draft == "auto":
         from .draft_length import make_adaptive
 
-        return make_adaptive(drafter)
+        return make_adaptive(drafter, reproducible)
     return FixedK(int(num_draft))
 
 
-def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0) -> SpeculativeDecoder:
+def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0,
+                 reproducible: bool = False) -> SpeculativeDecoder:
     d = make_drafter(pair, drafter, p_min)
-    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d), pair.context_length)
+    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d, reproducible), pair.context_length)
 
 
 class GenerationStream:
@@ -150,9 +163,11 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
                     **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed."""
-    decoder = decoder or make_decoder(pair, drafter, num_draft, p_min)
+    params = _params(**sampling)
+    reproducible = params.seed is not None and not params.greedy
+    decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, reproducible)
     history = encode_prompt(pair.tokenizer, prompt, chat_template)
-    return GenerationStream(decoder, pair.tokenizer, history, _params(**sampling), max_tokens)
+    return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 
 def generate(pair, prompt, **kwargs) -> Result:

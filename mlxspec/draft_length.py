@@ -56,7 +56,8 @@ class AdaptiveK:
                  window: int = 8, verify_slope_prior: float = 0.1,
                  neighbour_every: int = 12, refresh_plain_every: int = 32,
                  probe_every: int = 16, max_probe_every: int = 512, probe_rounds: int = 2,
-                 probe_budget: float = 0.03, resume_above: float = 1.0, draft_cost_prior: float | None = None):
+                 probe_budget: float = 0.03, resume_above: float = 1.0, draft_cost_prior: float | None = None,
+                 cost_model: tuple[float, float] | None = None):
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         self.max_k = max_k
@@ -70,6 +71,9 @@ class AdaptiveK:
         self.probe_every0, self.max_probe_every, self.probe_rounds = probe_every, max_probe_every, probe_rounds
         self.resume_above, self.probe_budget = resume_above, probe_budget
         self.draft_cost_prior = draft_cost_prior  # seconds per draft step, before any is measured
+        # (draft step cost, verify slope) relative to a plain step: used instead of
+        # wall-clock timings, so that k -- and a seeded sample -- is reproducible
+        self.cost_model = cost_model
         self.acc = [0.0] * max_k  # exponentially weighted counts, by position
         self.tot = [0.0] * max_k
         self.verify_times: dict[int, deque] = {}
@@ -114,6 +118,9 @@ class AdaptiveK:
         return best
 
     def update(self, k: int, n_accepted: int, draft_time: float, verify_time: float) -> None:
+        if self.cost_model is not None:
+            step, slope = self.cost_model
+            draft_time, verify_time = step * k, 1.0 + slope * k
         self.rounds += 1
         self.verify_times.setdefault(k, deque(maxlen=self.window)).append(verify_time)
         if k > 0:
@@ -239,6 +246,16 @@ class AdaptiveK:
             self._set_wait()
 
 
-def make_adaptive(drafter) -> AdaptiveK:
-    """The `--num-draft auto` policy for `drafter`."""
-    return AdaptiveK(max_k=max(1, min(getattr(drafter, "max_k", 8) or 8, 8)))
+VERIFY_SLOPE = 0.1  # a target pass over k+1 positions costs ~1 + 0.1k plain steps (OpenBLAS, Metal)
+
+
+def make_adaptive(drafter, reproducible: bool = False) -> AdaptiveK:
+    """The `--num-draft auto` policy for `drafter`.
+
+    `reproducible=True` (a seeded sampling run) replaces measured timings by a
+    fixed cost model -- the drafter's `relative_cost` per draft step and
+    VERIFY_SLOPE per extra verified position -- so the k sequence depends only on
+    acceptance, and the same seed gives the same output.  Greedy output never
+    depends on k, so greedy runs keep the measured timings."""
+    cost = (getattr(drafter, "relative_cost", 0.3), VERIFY_SLOPE) if reproducible else None
+    return AdaptiveK(max_k=max(1, min(getattr(drafter, "max_k", 8) or 8, 8)), cost_model=cost)

@@ -46,6 +46,7 @@ class Drafter:
 
     name = "none"
     max_k = 0
+    relative_cost = 0.0  # cost of one draft step relative to a plain target step (an estimate)
 
     def prefill(self, history: list[int]) -> None:
         pass
@@ -60,6 +61,7 @@ class Drafter:
 class ModelDrafter(Drafter):
     name = "draft-model"
     max_k = 16
+    relative_cost = 0.3  # api.make_drafter sets the pair's parameter ratio
 
     def __init__(self, model, p_min: float = 0.0):
         self.state = ModelState(model)
@@ -125,6 +127,7 @@ class PromptLookupDrafter(Drafter):
 
     name = "prompt-lookup"
     max_k = 16
+    relative_cost = 0.01
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
@@ -287,6 +290,7 @@ class LayerSkipDrafter(ModelDrafter):
         n = len(target_model.model.layers)
         super().__init__(LayerSkipModel(target_model, keep if keep is not None else skip_layout(n, layout)), p_min)
         self.name = f"layer-skip({len(self.state.model.keep)}/{n} layers)"
+        self.relative_cost = len(self.state.model.keep) / n
 
 
 def make_layerskip(pair, layout: str = "middle", p_min: float = 0.0) -> LayerSkipDrafter:

@@ -212,8 +212,9 @@ def test_cli_writes_json_markdown_and_chart(tiny_pair_dirs, suite_file, tmp_path
         assert RUN_FIELDS <= set(r)
         assert r["generated_tokens"] == len(r["tokens"]) == len(r["from_draft"]) == len(r["token_times"]) > 0
         assert r["decode_tps"] > 0 and r["peak_memory_bytes"] > 0
-        if r["contender"] != "plain" and r["contender"] != "mlx-lm plain":
-            assert r["proposed"] > 0 and 0 <= r["accepted"] <= r["proposed"]
+        if r["contender"] not in ("plain", "mlx-lm plain"):
+            # prompt lookup may find no n-gram in 10 tokens of random text: it proposes nothing then
+            assert (r["proposed"] > 0 or "lookup" in r["contender"]) and 0 <= r["accepted"] <= r["proposed"]
             assert r["accepted"] == sum(r["accepted_by_position"])
         if r["contender"].startswith("mlx-lm"):
             assert r["accepted"] == sum(r["from_draft"])

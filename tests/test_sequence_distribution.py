@@ -83,14 +83,6 @@ def test_chi_square_fails_when_residual_is_broken(models, monkeypatch):
     assert pval < 1e-3, f"broken residual went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
 
 
-class CostModelK(AdaptiveK):
-    """The adaptive policy on a fixed cost model (drafting cheap), so that it keeps
-    drafting and k follows the acceptance it has seen, across samples."""
-
-    def update(self, k, n_accepted, draft_time, verify_time):
-        super().update(k, n_accepted, 0.01 * k, 0.1 * (1 + 0.1 * k))
-
-
 OTHER_DRAFTERS = {
     # prompt lookup on a prompt that repeats itself, a proposal in most rounds (picked
     # among the 512 prompts "abcabca" as one the target often continues: ~1/3 kept)
@@ -108,7 +100,7 @@ def test_other_drafters_match_target_sequence_distribution(models, kind):
     (k from 0 to 8, chosen from what earlier samples accepted)."""
     target, draft = models
     if kind == "model-adaptive":
-        make, prompt, k = (lambda target: ModelDrafter(draft)), PROMPT, CostModelK(max_k=8)
+        make, prompt, k = (lambda target: ModelDrafter(draft)), PROMPT, AdaptiveK(max_k=8, cost_model=(0.1, 0.1))  # drafting cheap: k follows acceptance
     else:
         (make, prompt), k = OTHER_DRAFTERS[kind], 2
     probs = exact_sequence_probs(target, OTHER_PARAMS, prompt)
