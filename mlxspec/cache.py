@@ -56,11 +56,24 @@ class ModelState:
         the tokens still to feed (at least one)."""
         if not history:
             raise ValueError("empty token history")
+        self._reconcile()
         keep = min(common_prefix(self.tokens, history), len(history) - 1)
         if keep < len(self.tokens):
             trim_prompt_cache(self.cache, len(self.tokens) - keep)
             del self.tokens[keep:]
         return history[keep:]
+
+    def _reconcile(self):
+        """An exception between a forward and its bookkeeping (Ctrl-C inside a draft
+        step) can leave the cache holding positions the token list does not name:
+        drop them, so trimming stays exact."""
+        offset = getattr(self.cache[0], "offset", None) if self.cache else None
+        if offset is None or offset == len(self.tokens):
+            return
+        if offset > len(self.tokens):
+            trim_prompt_cache(self.cache, offset - len(self.tokens))
+        else:
+            self.reset()
 
     def forward(self, tokens, ids: list[int] | None = None) -> mx.array:
         """Logits (T, V) for `tokens` (list or mx.array), appended to the cache.
@@ -71,10 +84,11 @@ class ModelState:
         self.positions += x.size
         return logits
 
-    def prefill(self, history: list[int]) -> list[int]:
-        """Feed all but the last token of what the cache lacks, in chunks."""
+    def prefill(self, history: list[int], should_stop=None) -> list[int]:
+        """Feed all but the last token of what the cache lacks, in chunks (checking
+        `should_stop` between chunks, so a long prompt can be cancelled)."""
         pending = self.sync(history)
-        while len(pending) > 1:
+        while len(pending) > 1 and not (should_stop is not None and should_stop()):
             chunk = pending[: min(PREFILL_STEP, len(pending) - 1)]
             self.forward(chunk)
             mx.eval([c.state for c in self.cache])

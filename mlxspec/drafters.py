@@ -48,7 +48,7 @@ class Drafter:
     max_k = 0
     relative_cost = 0.0  # cost of one draft step relative to a plain target step (an estimate)
 
-    def prefill(self, history: list[int]) -> None:
+    def prefill(self, history: list[int], should_stop=None) -> None:
         pass
 
     def propose(self, history: list[int], k: int, params: SamplingParams, key) -> Proposal:
@@ -67,8 +67,8 @@ class ModelDrafter(Drafter):
         self.state = ModelState(model)
         self.p_min = p_min
 
-    def prefill(self, history):
-        self.state.prefill(history)
+    def prefill(self, history, should_stop=None):
+        self.state.prefill(history, should_stop)
 
     def reset(self):
         self.state.reset()
@@ -139,7 +139,7 @@ class PromptLookupDrafter(Drafter):
         self._tokens: list[int] = []  # the history the index describes
         self._index: dict[tuple, int] = {}  # n-gram -> end position of its latest indexed occurrence
 
-    def prefill(self, history):
+    def prefill(self, history, should_stop=None):
         self._sync(history)
 
     def _sync(self, history: list[int]):

@@ -34,9 +34,7 @@ def model_options(f):
 
 
 def sampling_options(f):
-    f = click.option("--seed", type=int, default=None,
-                     help="Random seed: same seed, same output with a fixed --num-draft (with 'auto', k follows "
-                          "measured timings, so sampled outputs may differ; each is an exact sample).")(f)
+    f = click.option("--seed", type=int, default=None, help="Random seed: the same seed gives the same output.")(f)
     f = click.option("--repetition-penalty", type=float, default=1.0, show_default=True)(f)
     f = click.option("--min-p", type=float, default=0.0, show_default=True)(f)
     f = click.option("--top-k", type=int, default=0, show_default=True)(f)

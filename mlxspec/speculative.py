@@ -73,8 +73,8 @@ class SpeculativeDecoder:
 
         t0 = time.perf_counter()
         before = self.target.positions
-        self.target.prefill(history)
-        self.drafter.prefill(history)
+        self.target.prefill(history, should_stop)
+        self.drafter.prefill(history, should_stop)
         stats.prompt_tokens = len(history)
         stats.prompt_tokens_processed = self.target.positions - before + 1
         stats.prompt_time = time.perf_counter() - t0

@@ -84,7 +84,7 @@ class GenerationStats:
             )
             parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
         parts.append(f"drafter {self.drafter}")
-        if self.tokens_plain and self.tokens_speculative:
-            parts.append(f"{self.tokens_plain} tokens plain after fallback")
+        if any(n.startswith("fallback") for n in self.notes):
+            parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")
         parts.append(f"prompt {self.prompt_tokens} tok at {self.prompt_tps:.1f} tok/s")
         return ", ".join(parts)

@@ -102,3 +102,25 @@ def test_stopping_mid_round_leaves_consistent_caches():
     gen.close()
     assert len(history) == 3
     assert_cache_is_fresh_prefill(dec.target, history)
+
+
+def test_cancel_during_a_long_prefill():
+    """A cancel flag set before generation stops the prompt prefill at the next chunk."""
+    from mlxspec import cache
+
+    dec = SpeculativeDecoder(TARGET, ModelDrafter(DRAFTS[0.01]), FixedK(3))
+    history = [5 + i % 290 for i in range(3 * cache.PREFILL_STEP)]
+    out = list(dec.generate(history, max_tokens=5, should_stop=lambda: True))
+    assert out == [] and dec.target.positions == 0
+
+
+def test_positions_fed_without_bookkeeping_are_dropped():
+    """An exception between a draft step's forward and its bookkeeping (Ctrl-C)
+    leaves extra cache positions; the next sync drops them."""
+    drafter = ModelDrafter(DRAFTS[0.01])
+    history = [3, 4, 5, 6]
+    drafter.prefill(history)
+    state = drafter.state
+    state.model(mx.array([[7, 8]]), cache=state.cache)  # fed, never recorded
+    drafter.prefill(history)
+    assert_cache_is_fresh_prefill(state, history)
