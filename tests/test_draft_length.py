@@ -208,4 +208,4 @@ def test_fallback_in_the_real_loop_counts_tokens_by_mode_and_stays_lossless():
     assert stats.tokens_plain + stats.tokens_speculative == 60
     assert stats.tokens_plain > 40, stats.k_history
     assert any(n.startswith("fallback") for n in stats.notes)
-    assert "plain after fallback" in stats.summary()
+    assert "fell back to plain decoding" in stats.summary()
