@@ -57,7 +57,7 @@ class AdaptiveK:
                  neighbour_every: int = 12, refresh_plain_every: int = 32,
                  probe_every: int = 16, max_probe_every: int = 512, probe_rounds: int = 2,
                  probe_budget: float = 0.03, resume_above: float = 1.0, draft_cost_prior: float | None = None,
-                 cost_model: tuple[float, float] | None = None):
+                 cost_model: tuple[float, float] | None = None, min_draft_rounds: int = 4):
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         self.max_k = max_k
@@ -74,6 +74,10 @@ class AdaptiveK:
         # (draft step cost, verify slope) relative to a plain step: used instead of
         # wall-clock timings, so that k -- and a seeded sample -- is reproducible
         self.cost_model = cost_model
+        # evidence needed before giving up on drafting: the first rounds' timings are
+        # cold (allocation, first graphs), and one unlucky rejection says little
+        self.min_draft_rounds = min_draft_rounds
+        self.draft_rounds = 0
         self.acc = [0.0] * max_k  # exponentially weighted counts, by position
         self.tot = [0.0] * max_k
         self.verify_times: dict[int, deque] = {}
@@ -108,7 +112,7 @@ class AdaptiveK:
                 return self.choose()
             return 0
         best, speedup = self.best()
-        if speedup < 1.0:
+        if speedup < 1.0 and self.draft_rounds >= self.min_draft_rounds:
             self._engage_fallback(speedup)
             return 0
         if self.refresh_plain_every and self.rounds % self.refresh_plain_every == self.refresh_plain_every - 1:
@@ -122,9 +126,12 @@ class AdaptiveK:
             step, slope = self.cost_model
             draft_time, verify_time = step * k, 1.0 + slope * k
         self.rounds += 1
-        self.verify_times.setdefault(k, deque(maxlen=self.window)).append(verify_time)
+        self.draft_rounds += k > 0
+        if self.rounds > 1:  # the first round's timings are cold: not representative
+            self.verify_times.setdefault(k, deque(maxlen=self.window)).append(verify_time)
+            if k > 0:
+                self.draft_steps.append(draft_time / k)
         if k > 0:
-            self.draft_steps.append(draft_time / k)
             for i in range(min(k, n_accepted + 1, self.max_k)):
                 kept = 1.0 if i < n_accepted else 0.0
                 self.acc[i] = self.decay * self.acc[i] + kept

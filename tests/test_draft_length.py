@@ -99,7 +99,7 @@ def test_falls_back_to_plain_decoding_when_drafting_cannot_pay():
     m = Machine([0.4], draft_step=0.09)
     ks = drive(pol, m, 200, stats)
     assert pol.fallback
-    assert sum(k > 0 for k in ks[:10]) <= 3  # gives up quickly
+    assert sum(k > 0 for k in ks[:10]) <= pol.min_draft_rounds  # gives up once the evidence is in
     drafting = sum(k > 0 for k in ks)
     assert drafting <= 20, ks  # only probes afterwards
     assert stats.tokens_plain > 150
@@ -156,6 +156,8 @@ def test_a_new_generation_probes_first_when_paused():
 def test_timing_model_is_robust_and_interpolates():
     pol = AdaptiveK(max_k=8)
     assert pol.verify_cost(3) is None
+    pol.update(1, 0, 9.9, 9.9)  # the first round is cold (allocations, first graphs): its times are ignored
+    assert pol.verify_cost(3) is None and pol.draft_cost(1) == 0.0
     pol.update(2, 1, 0.02, 0.12)
     assert pol.verify_cost(0) == pytest.approx(0.12 / 1.2)  # prior slope of 10 % per position
     for vt in (0.1, 0.1, 0.1, 5.0):  # one outlier (the machine was busy)
