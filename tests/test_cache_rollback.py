@@ -4,7 +4,6 @@ layer-skip draft (its own cache list over the target's shared weights)."""
 
 import mlx.core as mx
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

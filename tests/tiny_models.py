@@ -14,7 +14,7 @@ from pathlib import Path
 import mlxspec  # noqa: F401  (preloads OpenBLAS before mlx.core)
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -158,9 +158,3 @@ def save_model_dir(path, arch="llama", vocab_size=DEFAULT_VOCAB, seed=0, model=N
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     make_tokenizer(tokenizer_vocab or vocab_size, eos=eos, rename=rename).save_pretrained(str(path))
     return path
-
-
-def copy_model(model, cfg):
-    clone = build(cfg, seed=0)
-    clone.update(tree_map(lambda x: x, model.parameters()))
-    return clone
