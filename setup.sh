@@ -25,7 +25,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing mlxspec and its dependencies into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v -i "^warning" || true
+.venv/bin/python -m pip install -q -e ".[test]" > .venv/pip-install.log 2>&1 \
+  || { cat .venv/pip-install.log; echo "pip install failed (log: .venv/pip-install.log)"; exit 1; }
 .venv/bin/python -c "import mlxspec, mlx.core" || { echo "installation failed"; exit 1; }
 
 case "${1:-}" in
