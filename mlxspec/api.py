@@ -120,7 +120,6 @@ class GenerationStream:
         self.tokens: list[int] = []
         self.text = ""
         self._tokenizer = tokenizer
-        self._history = history
         check_context(history, decoder.context_length)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)

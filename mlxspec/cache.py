@@ -75,12 +75,15 @@ class ModelState:
         else:
             self.reset()
 
-    def forward(self, tokens, ids: list[int] | None = None) -> mx.array:
-        """Logits (T, V) for `tokens` (list or mx.array), appended to the cache.
-        `ids` are the token ids when `tokens` is a lazy array."""
-        x = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
+    def forward(self, tokens) -> mx.array:
+        """Logits (T, V) for `tokens`, appended to the cache.  A list of ids is
+        recorded in `self.tokens`; a lazy mx.array (a draft model feeding its own
+        samples) is not -- its caller records the ids once they are evaluated."""
+        lazy = isinstance(tokens, mx.array)
+        x = tokens if lazy else mx.array(tokens, dtype=mx.uint32)
         logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
-        self.tokens.extend(tokens if ids is None else ids)
+        if not lazy:
+            self.tokens.extend(tokens)
         self.positions += x.size
         return logits
 

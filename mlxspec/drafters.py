@@ -82,8 +82,7 @@ class ModelDrafter(Drafter):
         x = mx.array(pending, dtype=mx.uint32)
         tokens, qs, forwards = [], [], 0
         for i in range(k):
-            logits = state.model(x.reshape(1, -1), cache=state.cache)[0, -1:]
-            state.positions += x.size
+            logits = state.forward(x)[-1:]  # lazy input: ids recorded below
             forwards += 1
             context = [history + [int(t.item()) for t in tokens]] if params.uses_context else None
             lp = process_logits(logits, params, context)

@@ -12,7 +12,7 @@ Models are mlx-lm classes; on the CPU backend they compute in float32.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .backend import compute_dtype
@@ -34,7 +34,6 @@ class Pair:
     draft_path: Path | None = None
     draft_config: dict | None = None
     compatibility: Compatibility | None = None
-    notes: list = field(default_factory=list)
 
     @property
     def context_length(self) -> int | None:
