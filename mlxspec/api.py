@@ -64,49 +64,104 @@ def parameter_count(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
-def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0) -> Drafter:
-    """'model' (the pair's draft, the default when there is one), 'lookup' (prompt
-    lookup), 'layerskip' (self-speculation), 'none', or a Drafter."""
+def _embedding_rows(model) -> int:
+    inner = getattr(model, "model", model)
+    return int(inner.embed_tokens.weight.shape[0])
+
+
+def make_subset(pair, size) -> object | None:
+    """The draft's pruned head (vocab_subset.py) for `size`: an int N, 'full'/0 (off)
+    or None (the default N, when the vocabulary is larger than it)."""
+    from . import vocab_subset
+
+    if size in ("full", 0):
+        return None
+    n = vocab_subset.DEFAULT_SIZE if size is None else int(size)
+    rows = _embedding_rows(pair.draft)
+    if n >= rows:
+        return None
+    pair_dir = getattr(pair, "pair_dir", None)
+    ranked = vocab_subset.ranked_tokens(pair.tokenizer, pair_dir, say=_say)
+    specials = list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
+    ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows])
+    return vocab_subset.SubsetHead(pair.draft, ids, rows)
+
+
+def _say(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0, draft_vocab=None) -> Drafter:
+    """'model' (the pair's draft, the default when there is one), 'hybrid' (prompt
+    lookup, then the draft model), 'lookup' (prompt lookup), 'layerskip'
+    (self-speculation), 'none', or a Drafter.  `draft_vocab`: the draft head's
+    vocabulary subset size (None: the default; 'full': the whole vocabulary)."""
     if isinstance(drafter, Drafter):
         return drafter
     if drafter is None:
         drafter = "model" if pair.draft is not None else "none"
     if drafter == "none":
         return Drafter()
-    if drafter == "model":
+    if drafter in ("model", "hybrid"):
         if pair.draft is None:
             raise MlxspecError("no draft model loaded: pass --draft MODEL, or use --no-draft")
-        d = ModelDrafter(pair.draft, p_min=p_min)
+        d = ModelDrafter(pair.draft, p_min=p_min, subset=make_subset(pair, draft_vocab))
         d.relative_cost = parameter_count(pair.draft) / parameter_count(pair.target)
+        if drafter == "hybrid":
+            from .drafters import PromptLookupDrafter
+            from .hybrid import HybridDrafter
+
+            return HybridDrafter(PromptLookupDrafter(), d)
         return d
     from . import drafters
 
     factory = getattr(drafters, "make_" + drafter.replace("-", "_"), None)
     if factory is None:
-        raise MlxspecError(f"unknown drafter {drafter!r}: choose model, lookup, layerskip or none")
+        raise MlxspecError(f"unknown drafter {drafter!r}: choose model, hybrid, lookup, layerskip or none")
     if "p_min" in inspect.signature(factory).parameters:
         return factory(pair, p_min=p_min)
     return factory(pair)
 
 
-def make_policy(num_draft, drafter: Drafter, reproducible: bool = False):
+def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
     """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
-    for every drafter): the adaptive policy, which picks k from measured costs and
-    acceptance and falls back to plain decoding when drafting does not pay.
-    `reproducible` (seeded sampling): k from a fixed cost model instead of timings."""
+    for every drafter): `PerToken`, which drafts token by token while it pays per
+    the pair's calibrated cost model (cost_model.py; measured once and cached), up
+    to `num_draft_max` tokens, and falls back to plain decoding when drafting is
+    predicted not to pay.  `cost`: a CostModel to use instead of the calibrated one."""
+    from . import cost_model
+    from .draft_length import DEFAULT_MAX_K, PerToken
+
     if not drafter.max_k:
         return FixedK(0)
     if num_draft is None or num_draft == "auto":
-        from .draft_length import make_adaptive
-
-        return make_adaptive(drafter, reproducible)
+        cap = min(drafter.max_k, DEFAULT_MAX_K if num_draft_max is None else int(num_draft_max))
+        if cap <= 0:
+            return FixedK(0)  # --num-draft-max 0: plain decoding
+        if cost is None:
+            cost = (cost_model.for_decoder(pair, drafter) if pair is not None
+                    else cost_model.assumed(drafter.relative_cost))
+        return PerToken(cost, cap, lookup=getattr(drafter, "proposes_lookup", False),
+                        model=getattr(drafter, "uses_draft_model", False))
     return FixedK(int(num_draft))
 
 
-def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0,
-                 reproducible: bool = False) -> SpeculativeDecoder:
-    d = make_drafter(pair, drafter, p_min)
-    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d, reproducible), pair.context_length)
+def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
+                 num_draft_max=None, cost=None) -> SpeculativeDecoder:
+    d = make_drafter(pair, drafter, p_min, draft_vocab)
+    policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
+    return SpeculativeDecoder(pair.target, d, policy, pair.context_length, _target_name(pair))
+
+
+def _target_name(pair) -> str:
+    try:
+        from .loading import model_name
+
+        return f"the target model {model_name(pair.target_path, pair.target_config)!r}"
+    except Exception:
+        return "the target model"
 
 
 class GenerationStream:
@@ -159,12 +214,12 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
-                    **sampling) -> GenerationStream:
+                    draft_vocab=None, num_draft_max=None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed."""
     params = _params(**sampling)
-    reproducible = params.seed is not None and not params.greedy
-    decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, reproducible)
+    decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
+                                      num_draft_max=num_draft_max)
     history = encode_prompt(pair.tokenizer, prompt, chat_template)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 

@@ -18,12 +18,13 @@ as the target).  A drafter that proposes deterministically returns q=None.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from .cache import ModelState, common_prefix
+from .draft_length import Round
 from .errors import MlxspecError
 from .sampling import SamplingParams, process_logits, sample
 
@@ -31,7 +32,8 @@ from .sampling import SamplingParams, process_logits, sample
 @dataclass
 class Proposal:
     tokens: list[int]
-    q: mx.array | None = None  # (len(tokens), V) probabilities; None = deterministic
+    q: mx.array | None = None  # (len(tokens), V) probabilities; None = deterministic (or greedy)
+    confidence: list = field(default_factory=list)  # the draft's top probability at each position (None: lookup)
 
     def __len__(self):
         return len(self.tokens)
@@ -42,16 +44,18 @@ EMPTY = Proposal([])
 
 class Drafter:
     """Interface.  `propose` must not change what the target sees; `prefill` lets
-    a drafter with a cache process the prompt up front (counted as prompt time)."""
+    a drafter with a cache process the prompt up front (counted as prompt time).
+    `rnd` (draft_length.Round) decides token by token whether to keep drafting."""
 
     name = "none"
     max_k = 0
     relative_cost = 0.0  # cost of one draft step relative to a plain target step (an estimate)
+    uses_draft_model = False
 
     def prefill(self, history: list[int], should_stop=None) -> None:
         pass
 
-    def propose(self, history: list[int], k: int, params: SamplingParams, key) -> Proposal:
+    def propose(self, history: list[int], k: int, params: SamplingParams, key, rnd=None) -> Proposal:
         return EMPTY
 
     def reset(self) -> None:
@@ -59,13 +63,21 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
+    """A small model with its own KV cache.  With a vocabulary subset (FR-Spec,
+    vocab_subset.py) its head scores only the subset's tokens: q is then the
+    draft's distribution over the subset (zero elsewhere), which is exactly what
+    the tokens were drawn from, so the acceptance rule stays exact."""
+
     name = "draft-model"
     max_k = 16
     relative_cost = 0.3  # api.make_drafter sets the pair's parameter ratio
+    uses_draft_model = True
 
-    def __init__(self, model, p_min: float = 0.0):
-        self.state = ModelState(model)
+    def __init__(self, model, p_min: float = 0.0, subset=None):
+        self.subset = subset  # vocab_subset.SubsetHead or None
+        self.state = ModelState(subset.model if subset is not None else model)
         self.p_min = p_min
+        self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}"
 
     def prefill(self, history, should_stop=None):
         self.state.prefill(history, should_stop)
@@ -73,38 +85,55 @@ class ModelDrafter(Drafter):
     def reset(self):
         self.state.reset()
 
-    def propose(self, history, k, params, key):
+    def _distribution(self, logits, params, context):
+        """(log q over the full vocabulary or None, token, log q(token)) for one step."""
+        sub = self.subset
+        if sub is not None and params.greedy and not params.uses_context:
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # over the subset only
+            j = mx.argmax(lp, axis=-1)
+            return None, sub.ids[j], mx.take_along_axis(lp, j[:, None], axis=-1)[:, 0]
+        if sub is not None:
+            logits = sub.scatter(logits)
+        lp = process_logits(logits, params, context)
+        return lp, None, None
+
+    def propose(self, history, k, params, key, rnd=None):
         if k <= 0:
             return EMPTY
+        rnd = rnd if rnd is not None else Round(None, k)
         state = self.state
         pending = state.sync(history)
         keys = mx.random.split(key, k) if key is not None else [None] * k
         x = mx.array(pending, dtype=mx.uint32)
-        tokens, qs, forwards = [], [], 0
+        tokens, qs, confs, forwards = [], [], [], 0
         for i in range(k):
+            if not rnd.more():
+                break
             logits = state.forward(x)[-1:]  # lazy input: ids recorded below
             forwards += 1
-            context = [history + [int(t.item()) for t in tokens]] if params.uses_context else None
-            lp = process_logits(logits, params, context)
-            tok = sample(lp, params, keys[i])
-            if self.p_min > 0:
-                if mx.exp(lp.max()).item() < self.p_min:
-                    break  # too unsure: stop drafting; sync() trims the extra position
-            elif params.uses_context:
-                mx.eval(tok)
-            else:
-                mx.async_eval(tok)
-            tokens.append(tok)
-            qs.append(lp)
+            context = [history + tokens] if params.uses_context else None
+            lp, tok, lq = self._distribution(logits, params, context)
+            if lp is not None:
+                tok = sample(lp, params, keys[i])
+                lq = lp.max(axis=-1)
+            mx.eval(tok, lq)
+            # The confidence is the draft's TOP probability, known before its token is
+            # drawn: a refusal that looked at the drawn token's own q(x) would bias the
+            # proposals (rejection sampling needs x ~ q whenever a position is drafted).
+            conf = float(mx.exp(lq).item())
+            if (self.p_min > 0 and conf < self.p_min) or not rnd.offer(conf):
+                break  # not worth verifying: sync() trims the extra position next round
+            tokens.append(int(tok.item()))
+            confs.append(conf)
+            if lp is not None:
+                qs.append(lp)
             x = tok
+        if forwards:
+            state.tokens.extend(pending + tokens[: forwards - 1])
         if not tokens:
-            state.tokens.extend(pending)
             return EMPTY
-        mx.eval(tokens)
-        out = [int(t.item()) for t in tokens]
-        state.tokens.extend(pending + out[: forwards - 1])
         q = None if params.greedy else mx.exp(mx.concatenate(qs, axis=0))
-        return Proposal(out, q)
+        return Proposal(tokens, q, confs)
 
 
 # ---------------------------------------------------------------------------
@@ -167,11 +196,17 @@ class PromptLookupDrafter(Drafter):
                 return [toks[start + i % period] for i in range(k)]
         return []
 
-    def propose(self, history, k, params, key):
+    def propose(self, history, k, params, key, rnd=None):
         if k <= 0:
             return EMPTY
+        rnd = rnd if rnd is not None else Round(None, k)
         out = self.lookup(history, k)
-        return Proposal(out) if out else EMPTY
+        if not out:
+            rnd.stop_reason = "no-match"
+        kept = 0
+        while kept < len(out) and rnd.more(self.relative_cost, lookup=True) and rnd.offer(None, self.relative_cost):
+            kept += 1
+        return Proposal(out[:kept], None, [None] * kept) if kept else EMPTY
 
 
 def make_lookup(pair, max_ngram: int = 3, min_ngram: int = 2) -> PromptLookupDrafter:

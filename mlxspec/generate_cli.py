@@ -24,6 +24,37 @@ def parse_num_draft(value):
     return k
 
 
+def parse_draft_vocab(value):
+    if value is None or value == "full":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter("must be a number of tokens or 'full'")
+    if n < 1:
+        raise click.BadParameter("must be at least 1 (or 'full' for the whole vocabulary)")
+    return n
+
+
+def draft_options(f):
+    """--num-draft/--num-draft-max/--drafter/--draft-p-min/--draft-vocab, shared by generate and chat."""
+    f = click.option("--draft-vocab", default=None, callback=lambda c, p, v: parse_draft_vocab(v),
+                     help="Tokens the draft's head scores: the N most frequent (FR-Spec; default "
+                          "32768 when the vocabulary is larger), or 'full'.")(f)
+    f = click.option("--draft-p-min", type=float, default=0.0,
+                     help="Stop drafting when the draft's probability of its token is below this.")(f)
+    f = click.option("--drafter", default=None,
+                     help="model | hybrid (prompt lookup, then the draft model) | lookup (prompt n-grams, no "
+                          "draft model) | layerskip (the target with layers skipped) | none (default: model "
+                          "when a draft is loaded).")(f)
+    f = click.option("--num-draft-max", type=click.IntRange(0, 16), default=None,
+                     help="With --num-draft auto: the most tokens drafted per round (default 12; 0 = plain decoding).")(f)
+    f = click.option("--num-draft", default=None,
+                     help="Draft tokens per round, or 'auto' (default): draft token by token while the "
+                          "calibrated cost model says it pays, falling back to plain decoding when it does not.")(f)
+    return f
+
+
 def model_options(f):
     """--model/--draft/--no-draft, shared by generate, chat and bench."""
     f = click.option("--no-draft", is_flag=True, help="Plain target decoding (same code path, for comparisons).")(f)
@@ -53,28 +84,23 @@ def sampling_kwargs(o) -> dict:
 @click.option("--prompt", "-p", required=True, help="Prompt text ('-' reads standard input).")
 @click.option("--max-tokens", "-m", type=int, default=256, show_default=True)
 @sampling_options
-@click.option("--num-draft", default=None,
-              help="Draft tokens per round, or 'auto' (default): pick k from measured speed and acceptance, "
-                   "and fall back to plain decoding when drafting does not pay.")
-@click.option("--drafter", default=None,
-              help="model | lookup (prompt n-grams, no draft model) | layerskip (the target with layers skipped) "
-                   "| none (default: model when a draft is loaded).")
-@click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting when the draft's top probability is below this.")
+@draft_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
 @click.option("--compare", is_flag=True, help="Also run plain target decoding and report the speed-up.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
-def generate(model, draft, no_draft, prompt, max_tokens, num_draft, drafter, draft_p_min,
-             ignore_chat_template, compare, as_json, **opts):
+def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
+             draft_vocab, ignore_chat_template, compare, as_json, **opts):
     """Generate text from a prompt, speculatively."""
     from .loading import load
 
     if prompt == "-":
         prompt = sys.stdin.read()
     num_draft = parse_num_draft(num_draft)
-    needs_draft = drafter in (None, "model") or draft is not None  # lookup/layerskip use no draft model
+    needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
     pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
     kw = dict(max_tokens=max_tokens, num_draft=num_draft, drafter="none" if no_draft else drafter,
-              p_min=draft_p_min, chat_template=not ignore_chat_template, **sampling_kwargs(opts))
+              p_min=draft_p_min, chat_template=not ignore_chat_template, draft_vocab=draft_vocab,
+              num_draft_max=num_draft_max, **sampling_kwargs(opts))
     if not as_json:
         stream = stream_generate(pair, prompt, **kw)
         click.echo(f"[{pair.describe()}; {describe()}]", err=True)

@@ -34,6 +34,7 @@ class Pair:
     draft_path: Path | None = None
     draft_config: dict | None = None
     compatibility: Compatibility | None = None
+    pair_dir: Path | None = None  # the `mlxspec convert` folder the pair came from, if any
 
     @property
     def context_length(self) -> int | None:
@@ -166,7 +167,9 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     if target is None:
         target, draft = DEFAULT_TARGET, (draft or DEFAULT_DRAFT)
     tpath = Path(str(target)).expanduser()
+    pair_dir = None
     if tpath.is_dir() and _is_pair_dir(tpath):
+        pair_dir = tpath
         manifest = read_pair_manifest(tpath)
         target, draft = manifest["target_dir"], draft or manifest["draft_dir"]
     if no_draft:
@@ -176,7 +179,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     draft_dir = resolve_model_dir(draft) if draft is not None else None
     _check_memory(target_dir, draft_dir)
     model, tokenizer, config = load_model_dir(target_dir, "target")
-    pair = Pair(model, tokenizer, target_dir, config)
+    pair = Pair(model, tokenizer, target_dir, config, pair_dir=pair_dir)
     if draft_dir is not None:
         dmodel, dtok, dconfig = load_model_dir(draft_dir, "draft")
         pair.compatibility = require_compatible(tokenizer, dtok, _embedding_rows(config), _embedding_rows(dconfig))

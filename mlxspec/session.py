@@ -359,7 +359,7 @@ class Session:
             if self.pair.draft is None:
                 raise MlxspecError("no draft model is loaded (load the pair with a draft to turn drafting on)")
             d = make_drafter(self.pair, "model", self._p_min)
-            self._spec = (d, make_policy(self._num_draft, d))
+            self._spec = (d, make_policy(self._num_draft, d, self.pair))
         self.decoder.drafter, self.decoder.policy = self._spec if on else self._plain
         self._draft_on = on
 
@@ -372,7 +372,7 @@ class Session:
         with self._exclusive("change the draft length"):
             self._num_draft = value
             if self._spec is not None:
-                self._spec = (self._spec[0], make_policy(value, self._spec[0]))
+                self._spec = (self._spec[0], make_policy(value, self._spec[0], self.pair))
                 if self._draft_on:
                     self.decoder.policy = self._spec[1]
 

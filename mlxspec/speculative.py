@@ -1,9 +1,10 @@
 """The speculative loop.
 
 One round:
-  1. the draft-length policy picks k (0 = a plain target step);
-  2. the drafter proposes up to k tokens (the draft model runs k small steps
-     with its own KV cache);
+  1. the draft-length policy gives a cap k (0 = a plain target step) and a
+     `Round` that decides token by token whether drafting more pays;
+  2. the drafter proposes up to k tokens (the draft model runs small steps with
+     its own KV cache, asking the round before and after each one);
   3. the target scores the pending token plus all drafts -- k+1 positions -- in
      ONE forward pass; logits processing, the acceptance rule and sampling of
      the next token are part of the same lazy graph, evaluated once;
@@ -24,7 +25,7 @@ import mlx.core as mx
 
 from .acceptance import leading_accepted, verify
 from .cache import ModelState
-from .draft_length import FixedK
+from .draft_length import FixedK, Round
 from .drafters import EMPTY, Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
@@ -45,8 +46,9 @@ class SpeculativeDecoder:
     across generations: the caches keep whatever prefix the next history shares."""
 
     def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
-                 context_length: int | None = None):
+                 context_length: int | None = None, target_name: str = "the target model"):
         self.target = ModelState(target_model)
+        self.target_name = target_name
         self.drafter = drafter or Drafter()
         if policy is None:
             policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
@@ -99,7 +101,8 @@ class SpeculativeDecoder:
                     k_draft = k_verify = None
 
                 t_draft = time.perf_counter()
-                proposal = self.drafter.propose(history, k, params, k_draft) if k else EMPTY
+                rnd = self.policy.round(k) if k else Round(None, 0)
+                proposal = self.drafter.propose(history, k, params, k_draft, rnd) if k else EMPTY
                 t_verify = time.perf_counter()
                 drafted = proposal.tokens
                 pending = self.target.sync(history)
@@ -111,8 +114,13 @@ class SpeculativeDecoder:
                 accepted, next_tokens = verify(
                     logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify
                 )
-                mx.eval(accepted, next_tokens)
+                finite = mx.isfinite(logits.sum())
+                mx.eval(accepted, next_tokens, finite)
                 t_end = time.perf_counter()
+                if not finite.item():
+                    raise MlxspecError(
+                        f"{self.target_name} produced NaN/inf logits: its weights are corrupt or overflow "
+                        "in this dtype; re-convert or re-download it")
 
                 n = leading_accepted(accepted.tolist())
                 new = drafted[:n] + [next_tokens.tolist()[n]]
@@ -126,8 +134,8 @@ class SpeculativeDecoder:
                         break
                 stats.draft_time += t_verify - t_draft
                 stats.verify_time += t_end - t_verify
-                stats.record_round(len(drafted), n, len(emit))
-                self.policy.update(len(drafted), n, t_verify - t_draft, t_end - t_verify)
+                stats.record_round(len(drafted), n, len(emit), rnd.stop_reason if k else "plain")
+                self.policy.update(rnd, list(zip(proposal.confidence, [True] * n + [False]))[: n + 1])
                 for i, tok in enumerate(emit):
                     history.append(tok)
                     produced += 1

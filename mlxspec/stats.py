@@ -23,11 +23,14 @@ class GenerationStats:
     verify_time: float = 0.0
     generation_time: float = 0.0
     k_history: list = field(default_factory=list)
+    stop_reasons: dict = field(default_factory=dict)  # why drafting rounds ended: cap, cost, confidence, no-match
     finish_reason: str | None = None
     notes: list = field(default_factory=list)
 
-    def record_round(self, k: int, n_accepted: int, n_emitted: int):
+    def record_round(self, k: int, n_accepted: int, n_emitted: int, stop_reason: str | None = None):
         self.target_passes += 1
+        if stop_reason is not None and stop_reason != "plain":
+            self.stop_reasons[stop_reason] = self.stop_reasons.get(stop_reason, 0) + 1
         self.k_history.append(k)
         self.draft_proposed += k
         self.draft_accepted += n_accepted
@@ -53,6 +56,12 @@ class GenerationStats:
         return self.generated_tokens / self.target_passes if self.target_passes else 0.0
 
     @property
+    def mean_drafted(self) -> float:
+        """Mean tokens drafted per drafting round (rounds that were plain steps excluded)."""
+        rounds = sum(1 for k in self.k_history if k > 0)
+        return self.draft_proposed / rounds if rounds else 0.0
+
+    @property
     def acceptance_by_position(self) -> list:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
 
@@ -69,6 +78,7 @@ class GenerationStats:
         d.update(
             acceptance_rate=self.acceptance_rate,
             tokens_per_pass=self.tokens_per_pass,
+            mean_drafted=self.mean_drafted,
             acceptance_by_position=self.acceptance_by_position,
             prompt_tps=self.prompt_tps,
             generation_tps=self.generation_tps,
@@ -83,6 +93,9 @@ class GenerationStats:
                 f"acceptance {100 * self.acceptance_rate:.1f}% ({self.draft_accepted}/{self.draft_proposed})"
             )
             parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
+            if self.stop_reasons:
+                why = " ".join(f"{r} {n}" for r, n in sorted(self.stop_reasons.items(), key=lambda x: -x[1]))
+                parts.append(f"drafted {self.mean_drafted:.1f}/round (stops: {why})")
         parts.append(f"drafter {self.drafter}")
         if any(n.startswith("fallback") for n in self.notes):
             parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")

@@ -1,7 +1,10 @@
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
+# cost-model calibrations of the tests' throw-away models go to a temp folder, not the user's cache
+os.environ.setdefault("MLXSPEC_CALIBRATION_DIR", tempfile.mkdtemp(prefix="mlxspec-calibration-"))
 
 import mlxspec  # noqa: E402,F401  (preloads OpenBLAS before mlx.core)
 import pytest  # noqa: E402

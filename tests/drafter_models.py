@@ -8,6 +8,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 import tiny_models
 from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from mlxspec.hybrid import HybridDrafter
+from mlxspec.vocab_subset import SubsetHead
 
 SKIPPED = 1  # the layer the layer-skip draft leaves out of a 3-layer target
 
@@ -45,10 +47,24 @@ def layerskip_target(arch, seed=11, **cfg_kw):
                  [prefix + "self_attn.o_proj", prefix + "mlp.down_proj"], 0.15)
 
 
+def subset_ids(vocab_size):
+    """A pruned draft vocabulary: two thirds of the ids (so some of the target's
+    choices are never proposed, and both paths are exercised)."""
+    return [i for i in range(vocab_size) if i % 3 != 0]
+
+
+def subset_drafter(draft, vocab_size=tiny_models.DEFAULT_VOCAB, ids=None):
+    return ModelDrafter(draft, subset=SubsetHead(draft, ids or subset_ids(vocab_size), vocab_size))
+
+
 def make(kind, target, draft=None):
-    """A fresh drafter of `kind` for `target` ('model' needs `draft`)."""
+    """A fresh drafter of `kind` for `target` ('model', 'subset' and 'hybrid' need `draft`)."""
     if kind == "model":
         return ModelDrafter(draft)
+    if kind == "subset":
+        return subset_drafter(draft)
+    if kind == "hybrid":
+        return HybridDrafter(PromptLookupDrafter(), ModelDrafter(draft))
     if kind == "lookup":
         return PromptLookupDrafter()
     if kind == "layerskip":

@@ -12,7 +12,7 @@ import mlxspec
 import tiny_models
 from mlxspec.api import make_decoder, make_drafter, make_policy
 from mlxspec.cache import ModelState
-from mlxspec.draft_length import AdaptiveK, FixedK
+from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import EMPTY, LayerSkipDrafter, LayerSkipModel, PromptLookupDrafter, skip_layout
 from mlxspec.sampling import SamplingParams
 from mlxspec.speculative import SpeculativeDecoder
@@ -231,8 +231,8 @@ def test_drafters_by_name_and_default_policies(tiny_pair):
         make_drafter(tiny_pair, "telepathy")
     for name in ("model", "lookup", "layerskip"):
         d = make_drafter(tiny_pair, name)
-        assert isinstance(make_policy(None, d), AdaptiveK)  # auto is the default for every drafter
-        assert isinstance(make_policy("auto", d), AdaptiveK)
+        assert isinstance(make_policy(None, d), PerToken)  # auto is the default for every drafter
+        assert isinstance(make_policy("auto", d), PerToken)
         p = make_policy(3, d)
         assert isinstance(p, FixedK) and p.k == 3
     assert make_policy(None, make_drafter(tiny_pair, "none")).k == 0

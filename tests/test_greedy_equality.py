@@ -1,7 +1,8 @@
 """Greedy speculative output is token-identical to plain greedy decoding of the target,
-for every drafter (draft model, prompt lookup, layer skip) and every policy (fixed k,
-the adaptive policy on real timings, and the adaptive policy fed a cost model under
-which drafting pays, so that k varies while it drafts).
+for every drafter (draft model, draft model with a pruned vocabulary, hybrid lookup +
+model, prompt lookup, layer skip) and every policy (fixed k, the per-token policy
+with the drafter's own cost estimate, and with a cost model under which drafting is
+cheap, so that rounds vary in length token by token).
 
 Where float non-associativity makes the batched verify flip a near-tie, the test
 accepts the divergence only if the target's top-2 logit gap at that position is
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 import drafter_models
 import tiny_models
-from mlxspec.draft_length import AdaptiveK, FixedK
+from mlxspec.cost_model import assumed
+from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
@@ -35,24 +37,19 @@ def models(arch):
     return MODELS[arch]
 
 
-DRAFTERS = ["model", "lookup", "layerskip"]
+DRAFTERS = ["model", "subset", "hybrid", "lookup", "layerskip"]
 POLICIES = list(range(1, 9)) + ["auto", "auto-cheap"]
 TARGETS = {}
 
 
-def cost_model_k():
-    """The adaptive policy fed a fixed cost model (a draft step costs 5 % of a target
-    pass) instead of wall-clock times: on tiny models, where a draft costs as much as
-    the target, the real policy soon stops drafting; this one keeps drafting with k
-    chosen from the acceptance it sees."""
-    return AdaptiveK(max_k=8, cost_model=(0.05, 0.1))
-
-
-def policy(k):
+def policy(k, drafter=None):
+    """'auto': the per-token policy with the drafter's own cost estimate; 'auto-cheap':
+    a draft step costing 5 % of a target step, so rounds run long and stop by confidence."""
+    kinds = dict(lookup=getattr(drafter, "proposes_lookup", False), model=getattr(drafter, "uses_draft_model", True))
     if k == "auto":
-        return AdaptiveK(max_k=8)
+        return PerToken(assumed(getattr(drafter, "relative_cost", 0.3)), 8, **kinds)
     if k == "auto-cheap":
-        return cost_model_k()
+        return PerToken(assumed(0.05), 8, **kinds)
     return FixedK(k)
 
 
@@ -60,9 +57,16 @@ def setup(kind, arch, which=0, prompt=None):
     """(target, drafter, prompt) for a drafter kind: the model drafter drafts for the
     random target; lookup and layer skip get targets where they find something
     (see drafter_models), lookup a prompt that quotes the target's continuation."""
-    if kind == "model":
+    if kind in ("model", "subset"):
         target, drafts = models(arch)
-        return target, ModelDrafter(drafts[which]), prompt
+        return target, drafter_models.make(kind, target, drafts[which]), prompt
+    if kind == "hybrid":
+        if (kind, arch) not in TARGETS:
+            target = drafter_models.lookup_target(arch)
+            TARGETS[kind, arch] = target, tiny_models.perturbed(target, tiny_models.config_for(arch), 0.01, seed=3)
+        target, draft = TARGETS[kind, arch]
+        prompt = drafter_models.grounded_prompt(target, prompt) if prompt is not None else None
+        return target, drafter_models.make(kind, target, draft), prompt
     if (kind, arch) not in TARGETS:
         build = drafter_models.lookup_target if kind == "lookup" else drafter_models.layerskip_target
         TARGETS[kind, arch] = build(arch)
@@ -104,7 +108,7 @@ def test_greedy_speculative_equals_plain(kind, arch, prompt, k, which):
     target, drafter, prompt = setup(kind, arch, which, prompt)
     expected = plain(target, prompt)
     h = list(prompt)
-    dec = SpeculativeDecoder(target, drafter, policy(k))
+    dec = SpeculativeDecoder(target, drafter, policy(k, drafter))
     got = [t for t, _ in dec.generate(h, max_tokens=MAX_TOKENS)]
     assert_same_or_near_tie(target, prompt, expected, got)
     assert h == list(prompt) + got
@@ -120,7 +124,7 @@ def test_every_policy_on_both_archs_with_a_fixed_prompt(kind):
             target, drafter, prompt = setup(kind, arch, 0, [7, 19, 200, 31, 31, 5])
             expected = plain(target, prompt)
             stats = GenerationStats()
-            got = [t for t, _ in SpeculativeDecoder(target, drafter, policy(k)).generate(
+            got = [t for t, _ in SpeculativeDecoder(target, drafter, policy(k, drafter)).generate(
                 list(prompt), max_tokens=MAX_TOKENS, stats=stats)]
             assert_same_or_near_tie(target, prompt, expected, got)
             assert stats.tokens_plain + stats.tokens_speculative == len(got)

@@ -1,8 +1,10 @@
 """Sequence level: 3-token speculative samples follow the target's exact sequence
-probabilities (chi-square, fixed seeds, thousands of samples), for the draft model,
+probabilities (chi-square, fixed seeds, thousands of samples), for the draft model
+(fixed k and the per-token policy), the draft model with a pruned vocabulary (q over
+the subset), hybrid lookup + model proposals (one-hot and sampled rows mixed),
 prompt lookup (deterministic proposals, q = one-hot) and layer skip (q from the
 target's own layers); and the test has power: it fails when the residual step is
-deliberately broken, or when a sampled draft is passed off as deterministic."""
+deliberately broken, or when a drafter misreports q."""
 
 import itertools
 
@@ -12,8 +14,11 @@ import pytest
 
 import tiny_models
 from mlxspec import acceptance
-from mlxspec.draft_length import AdaptiveK, FixedK
+from mlxspec.cost_model import assumed
+from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from mlxspec.hybrid import HybridDrafter
+from mlxspec.vocab_subset import SubsetHead
 from mlxspec.sampling import SamplingParams, process_logits
 from mlxspec.speculative import SpeculativeDecoder
 from stats_util import chi_square
@@ -94,13 +99,23 @@ OTHER_SAMPLES = 2000
 OTHER_PARAMS = SamplingParams(temp=0.9, top_k=6)
 
 
-@pytest.mark.parametrize("kind", sorted(OTHER_DRAFTERS) + ["model-adaptive"])
+SUBSET = [0, 1, 6, 7]  # the draft never proposes 2..5 (60 % of its own first-step mass)
+
+
+@pytest.mark.parametrize("kind", sorted(OTHER_DRAFTERS) + ["model-per-token", "subset", "hybrid"])
 def test_other_drafters_match_target_sequence_distribution(models, kind):
-    """Lookup and layer skip with k = 2; the draft model with the adaptive policy
-    (k from 0 to 8, chosen from what earlier samples accepted)."""
+    """Lookup and layer skip with k = 2; the draft model with the per-token policy
+    (round lengths from the draft's confidence and what earlier samples accepted);
+    a pruned draft vocabulary; hybrid lookup + model on a self-repeating prompt."""
     target, draft = models
-    if kind == "model-adaptive":
-        make, prompt, k = (lambda target: ModelDrafter(draft)), PROMPT, AdaptiveK(max_k=8, cost_model=(0.1, 0.1))  # drafting cheap: k follows acceptance
+    cheap = PerToken(assumed(0.1), 8)  # drafting cheap: rounds run long, stop by confidence
+    if kind == "model-per-token":
+        make, prompt, k = (lambda target: ModelDrafter(draft)), PROMPT, cheap
+    elif kind == "subset":
+        make, prompt, k = (lambda target: ModelDrafter(draft, subset=SubsetHead(draft, SUBSET, V))), PROMPT, 2
+    elif kind == "hybrid":
+        make = lambda target: HybridDrafter(PromptLookupDrafter(max_ngram=2, min_ngram=1), ModelDrafter(draft))  # noqa: E731
+        prompt, k = OTHER_DRAFTERS["lookup"][1], 3
     else:
         (make, prompt), k = OTHER_DRAFTERS[kind], 2
     probs = exact_sequence_probs(target, OTHER_PARAMS, prompt)
@@ -116,8 +131,8 @@ class MisreportsQ(LayerSkipDrafter):
     reported as q (here q squared and renormalised, as when the reported q misses
     a processing step such as the temperature)."""
 
-    def propose(self, history, k, params, key):
-        prop = super().propose(history, k, params, key)
+    def propose(self, history, k, params, key, rnd=None):
+        prop = super().propose(history, k, params, key, rnd)
         if prop.q is not None:
             sharp = prop.q * prop.q
             prop.q = sharp / sharp.sum(axis=-1, keepdims=True)
@@ -133,3 +148,68 @@ def test_chi_square_fails_when_a_drafter_misreports_q(models):
     stat, df, pval = chi_square(counts, probs, 1000)
     print(f"q misreported: chi2={stat:.1f} df={df} p={pval:.3g}")
     assert pval < 1e-3, f"a misreported q went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_chi_square_fails_when_the_pruned_q_is_not_renormalised(models, monkeypatch):
+    """The pruned head's q must be the distribution over the subset the token was
+    drawn from; reporting the full-vocabulary softmax restricted to the subset
+    (not renormalised) instead is biased, and the same test must catch it."""
+    from mlxspec import drafters
+
+    target, draft = models
+    probs = exact_sequence_probs(target, OTHER_PARAMS)
+    real = drafters.ModelDrafter.propose
+    full = {"q": None}
+
+    def unnormalised(self, history, k, params, key, rnd=None):
+        prop = real(self, history, k, params, key, rnd)
+        if prop.q is not None:  # scale each row by the subset's share of the full-vocabulary mass
+            logits = draft(mx.array(history + prop.tokens[:-1])[None])[0, -len(prop.tokens):]
+            lp = process_logits(logits, params, [history + prop.tokens[:i] for i in range(len(prop.tokens))])
+            share = mx.exp(lp)[:, SUBSET].sum(axis=-1, keepdims=True)
+            prop.q = prop.q * share
+        return prop
+
+    monkeypatch.setattr(drafters.ModelDrafter, "propose", unnormalised)
+    counts, _ = sample_sequences(target, ModelDrafter(draft, subset=SubsetHead(draft, SUBSET, V)), OTHER_PARAMS,
+                                 samples=OTHER_SAMPLES)
+    stat, df, pval = chi_square(counts, probs, OTHER_SAMPLES)
+    print(f"unnormalised pruned q: chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-3, f"an unnormalised pruned q went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_chi_square_fails_when_drafting_stops_on_the_drawn_tokens_own_probability(models, monkeypatch):
+    """The per-token rule may look at the draft's top probability (known before the
+    token is drawn), never at q(x) of the drawn x: refusing x because q(x) is low
+    proposes x from q truncated to likely tokens, and the output is biased.  This
+    is the bug the rule must not have; the same test catches it."""
+    from mlxspec import drafters
+
+    target, draft = models
+    probs = exact_sequence_probs(target, OTHER_PARAMS)
+
+    def drawn_not_top(self, history, k, params, key, rnd=None):
+        state, out, confs = self.state, [], []
+        pending = state.sync(history)
+        keys = mx.random.split(key, k)
+        x = mx.array(pending, dtype=mx.uint32)
+        for i in range(k):
+            lp = process_logits(state.forward(x)[-1:], params)
+            tok = mx.random.categorical(lp, key=keys[i])
+            conf = float(mx.exp(lp[0, tok.item()]).item())  # q(x): the bug
+            if conf < 0.3:
+                break
+            out.append(int(tok.item()))
+            confs.append(conf)
+            x = tok
+        state.reset()  # keep the bookkeeping trivially right: re-prefill next round
+        if not out:
+            return drafters.EMPTY
+        lps = [process_logits(draft(mx.array(history + out[:j])[None])[0, -1:], params) for j in range(len(out))]
+        return drafters.Proposal(out, mx.exp(mx.concatenate(lps, axis=0)), confs)
+
+    monkeypatch.setattr(drafters.ModelDrafter, "propose", drawn_not_top)
+    counts, _ = sample_sequences(target, ModelDrafter(draft), OTHER_PARAMS, k=3, samples=OTHER_SAMPLES)
+    stat, df, pval = chi_square(counts, probs, OTHER_SAMPLES)
+    print(f"refusal on q(x): chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-3, f"a refusal on the drawn token's q(x) went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"

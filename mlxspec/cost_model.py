@@ -1,0 +1,283 @@
+"""The pair's cost model: what a draft step and a verify pass cost on this machine.
+
+All costs are relative to one plain target step (a target forward over one
+position, plus the argmax/log-softmax of a decoding step):
+
+* `draft_step`: one step of the drafter (its forward, head and sampling);
+* `verify[w - 1]`: one target pass over w positions (`verify[0]` is 1).
+
+The draft-length policy (draft_length.py) decides from these numbers and the
+acceptance it observes -- never from wall-clock timings taken in the hot path,
+which on a shared machine are noise (and would make seeded runs irreproducible).
+
+`calibrate` measures them once in a few seconds (interleaved, after a warm-up,
+the minimum over repeats: interference only ever adds time) and `for_decoder`
+caches the result under the mlxspec home, keyed by machine, backend and pair, so
+`generate`, `chat`, `Session` and `bench` reuse it; `mlxspec calibrate`
+re-measures and prints it.  Figures are rounded to two decimals so that a
+re-measurement that differs only by noise leaves seeded output unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT = 1
+WIDTHS = (1, 2, 4, 8, 16)  # verify widths measured; others are interpolated linearly
+ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
+REPEATS = 2  # timed repeats after one warm-up pass
+
+
+@dataclass
+class CostModel:
+    draft_step: float
+    verify: list = field(default_factory=lambda: [1.0])  # verify[w-1]: pass over w positions
+    plain_step_s: float = 0.0  # seconds of one plain target step, for display only
+    source: str = "assumed"  # assumed | measured | cached
+
+    def verify_width(self, w: int) -> float:
+        """Cost of a target pass over w >= 1 positions; linear beyond the table."""
+        v = self.verify
+        if w <= len(v):
+            return v[w - 1]
+        slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else ASSUMED_VERIFY_SLOPE
+        return v[-1] + slope * (w - len(v))
+
+    def extra(self, w: int) -> float:
+        """Marginal cost of verifying w positions instead of w - 1."""
+        return max(0.0, self.verify_width(w) - self.verify_width(w - 1))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        v = ", ".join(f"{w}: {self.verify_width(w):.2f}" for w in (2, 5, 9, 17))
+        step = f"plain step {1000 * self.plain_step_s:.1f} ms, " if self.plain_step_s else ""
+        return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}} ({self.source})"
+
+
+def assumed(relative_cost: float, slope: float = ASSUMED_VERIFY_SLOPE, width: int = 17) -> CostModel:
+    """A cost model from a guess: the drafter's own estimate of its relative cost."""
+    return CostModel(round(relative_cost, 2), [round(1 + slope * (w - 1), 2) for w in range(1, width + 1)])
+
+
+def _fill(widths: dict[int, float], max_width: int) -> list[float]:
+    """Relative costs for w = 1..max_width from measured widths: linear in between,
+    made non-decreasing (a wider pass never costs less; a dip is noise)."""
+    ws = sorted(widths)
+    out = []
+    for w in range(1, max_width + 1):
+        lo = max([x for x in ws if x <= w], default=ws[0])
+        hi = min([x for x in ws if x >= w], default=ws[-1])
+        t = widths[lo] if hi == lo else widths[lo] + (widths[hi] - widths[lo]) * (w - lo) / (hi - lo)
+        out.append(max(t, out[-1] if out else 1.0))
+    return out
+
+
+def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats: int = REPEATS,
+              context: int = 64) -> CostModel:
+    """Measure the drafter's step and the target's verify passes by width on a
+    synthetic context of `context` tokens.  The drafter is timed through its own
+    `propose` (4 tokens, greedy, no early stop), so its real per-step overheads count."""
+    import mlx.core as mx
+
+    from .cache import ModelState
+    from .sampling import SamplingParams
+
+    ids = [(7919 * i + 13) % max(vocab_size - 1, 1) + 1 for i in range(context + max(widths))]
+    history = ids[:context]
+    target = ModelState(target_model)
+    target.prefill(history)
+    greedy = SamplingParams()
+    k_draft = 4 if getattr(drafter, "uses_draft_model", False) else 0
+    if k_draft:
+        drafter.reset()
+        drafter.prefill(history)
+
+    def verify_once(w):
+        pending = target.sync(history)
+        logits = target.forward(pending + ids[context: context + w - len(pending)])
+        mx.eval(mx.argmax(logits, axis=-1))
+
+    def draft_once():
+        drafter.propose(history, k_draft, greedy, None)
+
+    times: dict = {w: [] for w in widths}
+    times["draft"] = []
+    for rep in range(repeats + 1):
+        for w in widths:
+            t0 = time.perf_counter()
+            verify_once(w)
+            if rep:
+                times[w].append(time.perf_counter() - t0)
+        if k_draft:
+            t0 = time.perf_counter()
+            draft_once()
+            if rep:
+                times["draft"].append((time.perf_counter() - t0) / k_draft)
+    target.reset()
+    if k_draft:
+        drafter.reset()
+    plain = min(times[1])
+    rel = {w: min(times[w]) / plain for w in widths}
+    draft = min(times["draft"]) / plain if k_draft else getattr(drafter, "relative_cost", 0.0)
+    verify = [round(v, 2) for v in _fill(rel, max(widths) + 1)]
+    verify[0] = 1.0
+    return CostModel(round(draft, 2), verify, plain, "measured")
+
+
+# -- the cache ------------------------------------------------------------------
+
+def calibration_dir() -> Path:
+    env = os.environ.get("MLXSPEC_CALIBRATION_DIR")
+    if env:
+        return Path(env).expanduser()
+    from .paths import cache_dir
+
+    return cache_dir() / "calibration"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _model_identity(path) -> dict | None:
+    """What identifies a model folder's weights: its path, config and file sizes."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        files = sorted((f.name, f.stat().st_size) for f in p.glob("*.safetensors"))
+        config = hashlib.sha256((p / "config.json").read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+    return {"path": str(p.resolve()), "config": config, "weights": files}
+
+
+def cache_key(pair, drafter) -> str | None:
+    """A key for this machine + backend + pair + drafter; None when the models have
+    no folder to identify them (built in memory): those are not cached."""
+    from .backend import describe
+
+    target = _model_identity(getattr(pair, "target_path", None))
+    if target is None:
+        return None
+    draft = None
+    if getattr(drafter, "uses_draft_model", False):
+        draft = _model_identity(getattr(pair, "draft_path", None))
+        if draft is None:
+            return None
+    ident = {"format": FORMAT, "backend": describe(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+             "machine": platform.machine(), "target": target, "draft": draft,
+             "drafter": getattr(drafter, "cost_key", drafter.name)}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def load_cached(key: str, warn=None) -> CostModel | None:
+    path = calibration_dir() / f"{key}.json"
+    if not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text())
+        if d.get("format") != FORMAT:
+            raise ValueError(f"format {d.get('format')!r}")
+        cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached")
+        if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0
+                and all(b >= a > 0 for a, b in zip(cm.verify, cm.verify[1:]))):
+            raise ValueError("values out of range")
+        return cm
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if warn is not None:
+            warn(f"note: ignoring the calibration file {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); measuring again")
+        return None
+
+
+def save(key: str, cm: CostModel) -> None:
+    folder = calibration_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, **cm.to_dict()}, indent=1))
+    os.replace(tmp, folder / f"{key}.json")
+
+
+def _vocab_rows(pair) -> int:
+    cfg = getattr(pair, "target_config", None) or {}
+    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 1000)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostModel:
+    """The cached cost model for (pair, drafter), measured now when there is none
+    (or `refresh`).  Without a draft model (prompt lookup) only the verify passes
+    are measured; the drafter's own `relative_cost` stands for its step."""
+    key = cache_key(pair, drafter)
+    cm = None if (refresh or key is None) else load_cached(key, warn=say)
+    if cm is not None:
+        return cm
+    vocab = _vocab_rows(pair)
+    if key is not None and say is not None:
+        say("calibrating the draft and verify costs on this machine (once per pair; `mlxspec calibrate` to redo)")
+    cm = calibrate(pair.target, drafter, vocab)
+    if key is not None:
+        try:
+            save(key, cm)
+        except OSError as e:
+            if say is not None:
+                say(f"note: could not save the calibration ({e}); it will be measured again next time")
+    return cm
+
+
+# -- `mlxspec calibrate` -----------------------------------------------------------
+
+def _command():
+    import click
+
+    from .generate_cli import model_options, parse_draft_vocab
+
+    @click.command()
+    @model_options
+    @click.option("--drafter", default=None, help="model | hybrid | lookup | layerskip (default: model).")
+    @click.option("--draft-vocab", default=None, callback=lambda c, p, v: parse_draft_vocab(v),
+                  help="The draft head's vocabulary subset, as for generate.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the cost model as JSON.")
+    def calibrate_cmd(model, draft, no_draft, drafter, draft_vocab, as_json):
+        """Measure (again) what a draft step and a verify pass cost on this machine, and cache it."""
+        from .api import make_drafter
+        from .loading import load
+
+        needs_draft = drafter in (None, "model", "hybrid")
+        pair = load(model, draft, no_draft=no_draft or not needs_draft)
+        d = make_drafter(pair, drafter, 0.0, draft_vocab)
+        if not d.max_k:
+            raise click.UsageError("nothing to calibrate without a drafter: load a draft model or pick --drafter lookup")
+        cm = for_decoder(pair, d, refresh=True, say=None)
+        if as_json:
+            click.echo(json.dumps({"pair": pair.describe(), "drafter": d.name, **cm.to_dict()}))
+            return
+        click.echo(f"{pair.describe()}, drafter {d.name}")
+        click.echo(f"plain target step: {1000 * cm.plain_step_s:.1f} ms")
+        click.echo(f"draft step: {cm.draft_step:.2f} plain steps")
+        click.echo("verify pass by width: " + ", ".join(f"{w}: {cm.verify_width(w):.2f}" for w in (1, 2, 3, 5, 9, 13, 17)))
+        key = cache_key(pair, d)
+        click.echo(f"cached in {calibration_dir() / (key + '.json')}" if key else "(not cached: models without a folder)")
+
+    return calibrate_cmd
+
+
+calibrate_command = _command()

@@ -1,0 +1,80 @@
+"""The calibrated cost model: measured once per machine and pair, cached, reused;
+a damaged cache file is ignored with a warning and measured again; seeded runs
+give the same tokens when the calibration comes from the cache."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mlxspec
+from mlxspec import cost_model
+from mlxspec.api import make_decoder
+
+
+@pytest.fixture
+def calib_dir(tmp_path, monkeypatch):
+    d = tmp_path / "calibration"
+    monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(d))
+    return d
+
+
+def test_measured_once_then_cached(tiny_pair, calib_dir, capsys):
+    first = make_decoder(tiny_pair).policy.cost
+    assert first.source == "measured"
+    assert "calibrating" in capsys.readouterr().err
+    files = list(calib_dir.glob("*.json"))
+    assert len(files) == 1
+    second = make_decoder(tiny_pair).policy.cost
+    assert second.source == "cached" and capsys.readouterr().err == ""
+    assert (second.draft_step, second.verify) == (first.draft_step, first.verify)
+    # what was measured makes sense: a pass over w positions, monotone, relative to one
+    v = first.verify
+    assert v[0] == 1.0 and all(b >= a for a, b in zip(v, v[1:])) and first.draft_step > 0
+    # another drafter of the same pair has its own entry
+    make_decoder(tiny_pair, drafter="lookup")
+    assert len(list(calib_dir.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"format": 1, "draft_step": "x"}', '{"format": 99}',
+                                    '{"format": 1, "draft_step": 0.3, "verify": [2.0, 1.0], "plain_step_s": 0.1}'])
+def test_a_damaged_calibration_is_ignored_with_a_warning_and_measured_again(tiny_pair, calib_dir, capsys, damage):
+    make_decoder(tiny_pair)
+    path, = calib_dir.glob("*.json")
+    path.write_text(damage)
+    capsys.readouterr()
+    cost = make_decoder(tiny_pair).policy.cost
+    err = capsys.readouterr().err
+    assert cost.source == "measured"
+    assert f"note: ignoring the calibration file {path}" in err and "Traceback" not in err
+    assert json.loads(path.read_text())["format"] == cost_model.FORMAT  # replaced by a good one
+
+
+def test_same_seed_same_tokens_with_the_calibration_from_the_cache(tiny_pair, calib_dir):
+    runs = [mlxspec.generate(tiny_pair, "seed test", max_tokens=40, temp=1.0, seed=s) for s in (7, 7, 8)]
+    assert runs[0].tokens == runs[1].tokens
+    assert runs[0].stats.k_history == runs[1].stats.k_history
+    assert runs[0].tokens != runs[2].tokens
+    assert runs[0].stats.draft_proposed > 0
+
+
+def test_num_draft_max_zero_is_plain_decoding(tiny_pair):
+    res = mlxspec.generate(tiny_pair, "one two", max_tokens=10, num_draft_max=0)
+    plain = mlxspec.generate(tiny_pair, "one two", max_tokens=10, drafter="none")
+    assert res.tokens == plain.tokens and res.stats.draft_proposed == 0
+    assert set(res.stats.k_history) == {0}
+
+
+def test_calibrate_command_measures_and_prints(tiny_pair_dirs, calib_dir):
+    target, draft = tiny_pair_dirs
+    out = subprocess.run([sys.executable, "-m", "mlxspec.cli", "calibrate", "--model", str(target), "--draft", str(draft)],
+                         capture_output=True, text=True, env={**os.environ}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "draft step:" in out.stdout and "verify pass by width" in out.stdout
+    assert len(list(calib_dir.glob("*.json"))) == 1
+    js = subprocess.run([sys.executable, "-m", "mlxspec.cli", "calibrate", "--model", str(target), "--draft", str(draft),
+                         "--json"], capture_output=True, text=True, env={**os.environ}, timeout=300)
+    doc = json.loads(js.stdout)
+    assert doc["source"] == "measured" and doc["verify"][0] == 1.0
