@@ -23,8 +23,9 @@ entry and renames it into place (temps are named after their process; a later
 run removes those of killed runs, see `mlxspec.tempfiles`); later calls only hash
 the GGUF (~1 s per GB) to find the entry.  A truncated or corrupt file raises
 `MlxspecError` naming the file and leaves no cache entry.  GGUF has no checksums:
-a flipped bit in a weight is only caught if it makes a weight non-finite (pinned
-files are hash-checked by `mlxspec.weights`).
+a flipped bit in a weight is only caught if it makes a weight non-finite, or by
+`expected_sha256` (catalog files are converted with their pinned hash, see
+`mlxspec.weights.converted`).
 """
 
 from __future__ import annotations
@@ -360,17 +361,26 @@ def cached_format(folder: Path) -> int | None:
         return None
 
 
-def convert(gguf_path, progress: bool = True) -> Path:
+class ChecksumMismatch(MlxspecError):
+    """The GGUF file's SHA-256 is not the one it was expected to have."""
+
+
+def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None) -> Path:
     """The cached mlx-lm model folder for a GGUF file, converting it on first use.
 
     Returns `cache_dir()/models/<sha256 of the file>/`.  Raises `MlxspecError`
     (one line, naming the file) for a missing, truncated or corrupt file or an
-    unsupported architecture; a failed conversion leaves no cache entry.
+    unsupported architecture; a failed conversion leaves no cache entry.  With
+    `expected_sha256` (a pinned file), a file with another hash raises
+    `ChecksumMismatch` before anything is converted or looked up.
     """
     path = Path(gguf_path).expanduser()
     if not path.is_file():
         raise MlxspecError(f"{path}: no such GGUF file")
     digest = sha256_file(path)
+    if expected_sha256 is not None and digest != expected_sha256.lower():
+        raise ChecksumMismatch(f"{path} is corrupt: its SHA-256 is {digest}, expected {expected_sha256.lower()}; "
+                               f"fetch it again")
     final = cache_dir() / "models" / digest
     final.parent.mkdir(parents=True, exist_ok=True)
     tempfiles.remove_stale(final.parent)  # temps of killed conversions

