@@ -21,7 +21,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlxspec import memory
+from mlxspec import memory, tempfiles
 from mlxspec.errors import MlxspecError
 
 from . import hub
@@ -51,21 +51,6 @@ def quantize_bits(choice: str) -> int | None:
 
 def default_output(target: str, draft: str) -> Path:
     return Path.cwd() / f"{target.rstrip('/').split('/')[-1]}+{draft.rstrip('/').split('/')[-1]}"
-
-
-def _temp_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial-{os.getpid()}"
-
-
-def _remove_stale_temps(out: Path) -> None:
-    """Remove temp folders left by a killed earlier run (their process is gone)."""
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        try:
-            os.kill(int(p.name.rsplit("-", 1)[1]), 0)
-        except (ValueError, ProcessLookupError):
-            shutil.rmtree(p, ignore_errors=True)
-        except PermissionError:
-            pass
 
 
 # ---------------------------------------------------------------- checks
@@ -258,24 +243,25 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
     hub.download(dr, dnames, downloading=True)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out)
-    tmp = _temp_dir(out)
-    try:
-        tmp.mkdir()
-        for label, r, snap, b in (("target", tr, tsnap, tbits), ("draft", dr, dsnap, dbits)):
-            log(f"  converting {label} {r.short}" + (f" -> {bits}-bit" if bits and not b else ""))
-            convert_model(snap, tmp / label, None if b else bits)
-        label = str(tbits) if tbits and tbits == dbits else quantize  # pre-quantised sources keep their bits
-        (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, label, comp, budget), indent=2) + "\n")
-        if out.exists():
-            raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
-        os.rename(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise MlxspecError(f"cannot write the pair folder {out}: {e}") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    tempfiles.remove_stale(out.parent, stem=out.name)  # left by a killed earlier run (its process is gone)
+    with tempfiles.signals_raise():  # SIGTERM/SIGHUP: the except clauses below remove the temp folder
+        tmp = tempfiles.temp_name(out.parent, out.name)
+        try:
+            tmp.mkdir()
+            for label, r, snap, b in (("target", tr, tsnap, tbits), ("draft", dr, dsnap, dbits)):
+                log(f"  converting {label} {r.short}" + (f" -> {bits}-bit" if bits and not b else ""))
+                convert_model(snap, tmp / label, None if b else bits)
+            label = str(tbits) if tbits and tbits == dbits else quantize  # pre-quantised sources keep their bits
+            (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, label, comp, budget), indent=2) + "\n")
+            if out.exists():
+                raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
+            os.rename(tmp, out)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise MlxspecError(f"cannot write the pair folder {out}: {e}") from e
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     log(f"wrote {out} ({memory.fmt_bytes(_du(out))}); use it with mlxspec.load({str(out)!r}) "
         f"or `mlxspec generate --model {out} -p 'Hello'`")
     return out

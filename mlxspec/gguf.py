@@ -19,11 +19,13 @@ The folder holds what `mlx_lm.utils.load` reads:
   converter in `transformers.integrations.gguf`, no torch needed.
 
 The first call converts (seconds to a minute) into a temp folder beside the cache
-entry and renames it into place; later calls only hash the GGUF (~1 s per GB) to
-find the entry.  A truncated or corrupt file raises `MlxspecError` naming the
-file and leaves no cache entry.  GGUF has no checksums: a flipped bit in a weight
-is only caught if it makes a weight non-finite (pinned files are hash-checked by
-`mlxspec.weights`).
+entry and renames it into place (temps are named after their process; a later
+run removes those of killed runs, see `mlxspec.tempfiles`); later calls only hash
+the GGUF (~1 s per GB) to find the entry.  A truncated or corrupt file raises
+`MlxspecError` naming the file and leaves no cache entry.  GGUF has no checksums:
+a flipped bit in a weight is only caught if it makes a weight non-finite, or by
+`expected_sha256` (catalog files are converted with their pinned hash, see
+`mlxspec.weights.converted`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import click
 import numpy as np
 
+from . import tempfiles
 from .errors import MlxspecError
 from .paths import cache_dir
 
@@ -359,38 +361,49 @@ def cached_format(folder: Path) -> int | None:
         return None
 
 
-def convert(gguf_path, progress: bool = True) -> Path:
+class ChecksumMismatch(MlxspecError):
+    """The GGUF file's SHA-256 is not the one it was expected to have."""
+
+
+def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None) -> Path:
     """The cached mlx-lm model folder for a GGUF file, converting it on first use.
 
     Returns `cache_dir()/models/<sha256 of the file>/`.  Raises `MlxspecError`
     (one line, naming the file) for a missing, truncated or corrupt file or an
-    unsupported architecture; a failed conversion leaves no cache entry.
+    unsupported architecture; a failed conversion leaves no cache entry.  With
+    `expected_sha256` (a pinned file), a file with another hash raises
+    `ChecksumMismatch` before anything is converted or looked up.
     """
     path = Path(gguf_path).expanduser()
     if not path.is_file():
         raise MlxspecError(f"{path}: no such GGUF file")
     digest = sha256_file(path)
+    if expected_sha256 is not None and digest != expected_sha256.lower():
+        raise ChecksumMismatch(f"{path} is corrupt: its SHA-256 is {digest}, expected {expected_sha256.lower()}; "
+                               f"fetch it again")
     final = cache_dir() / "models" / digest
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tempfiles.remove_stale(final.parent)  # temps of killed conversions
     if cached_format(final) == FORMAT:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{digest[:16]}-", suffix=".tmp"))
-    try:
-        convert_into(path, tmp, digest, progress)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        if final.exists() and cached_format(final) != FORMAT:  # an entry from an older mlxspec
-            stale = final.with_name(f".{digest[:16]}-{os.getpid()}.stale.tmp")
-            os.rename(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
+    with tempfiles.signals_raise():
+        tmp = tempfiles.mkdtemp(final.parent, digest[:16])
         try:
-            os.rename(tmp, final)
-        except OSError:
-            if cached_format(final) != FORMAT:  # not just another process finishing first
-                raise
+            convert_into(path, tmp, digest, progress)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+            if final.exists() and cached_format(final) != FORMAT:  # an entry from an older mlxspec
+                stale = tempfiles.temp_name(final.parent, f"{digest[:16]}-old")
+                os.rename(final, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if cached_format(final) != FORMAT:  # not just another process finishing first
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
     _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
     return final

