@@ -77,6 +77,7 @@ def read_config(r: hub.Repo, snapshot: Path) -> dict:
         config = json.loads((snapshot / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise MlxspecError(f"{r.repo}: config.json is unreadable ({e})") from e
+    memory.check_config(config, f"{r.repo}/config.json")
     if config.get("model_file"):
         raise MlxspecError(f"{r.repo} needs custom model code ({printable(config['model_file'])}), "
                            "which mlxspec never runs")

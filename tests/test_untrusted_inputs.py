@@ -1,0 +1,57 @@
+"""Hostile or broken model folders give one-line errors (issue 10, item 8): nonsense
+config fields and absurd safetensors headers."""
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from cli_util import assert_refused, run_cli
+from mlxspec import memory
+from mlxspec.errors import MlxspecError
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ---------------------------------------------------------------- config.json and safetensors headers
+
+BAD_CONFIGS = {
+    "zero-heads": ({"num_attention_heads": 0}, "num_attention_heads must be a positive whole number, got 0"),
+    "null-layers": ({"num_hidden_layers": None}, "num_hidden_layers must be a positive whole number, got null"),
+    "text-hidden": ({"hidden_size": "abc"}, 'hidden_size must be a positive whole number, got "abc"'),
+    "bool-vocab": ({"vocab_size": True}, "vocab_size must be a positive whole number, got true"),
+    "nested": ({"text_config": {"num_key_value_heads": -2}}, "text_config.num_key_value_heads must be"),
+    "quantization": ({"quantization": "4bit"}, "quantization must be an object"),
+    "list": ([1, 2], "is not a JSON object (it holds a list)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_nonsense_config_fields_are_one_line_errors(tmp_path, tiny_pair_dirs, case):
+    change, message = BAD_CONFIGS[case]
+    folder = copy_model(tiny_pair_dirs[0], tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config = {**config, **change} if isinstance(change, dict) else change
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MlxspecError) as e:
+        memory.check_pair_fits(folder)
+    assert str(folder / "config.json") in str(e.value) and message in str(e.value)
+    res = run_cli(tmp_path, "generate", "--model", str(folder), "--no-draft", "-p", "hi", "-m", "2")
+    assert_refused(res, str(folder / "config.json"), message)
+
+
+def test_absurd_safetensors_header_length_is_one_line_error(tmp_path, tiny_pair_dirs):
+    folder = copy_model(tiny_pair_dirs[0], tmp_path / "m")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(struct.pack("<Q", 1 << 62) + weights.read_bytes()[8:])
+    with pytest.raises(MlxspecError, match="safetensors header of 4611686018427387904 bytes is implausible"):
+        memory.read_local_header(weights)
+    res = run_cli(tmp_path, "generate", "--model", str(folder), "--no-draft", "-p", "hi", "-m", "2")
+    assert_refused(res, str(weights), "implausible")
+    weights.write_bytes(struct.pack("<Q", 4) + b"[1] " + bytes(16))  # a header that is JSON but no object
+    with pytest.raises(MlxspecError, match="not a JSON object"):
+        memory.read_local_header(weights)
