@@ -20,7 +20,7 @@ from .cache import check_trimmable
 from .compat import Compatibility, require_compatible
 from .errors import MlxspecError
 from .memory import read_config
-from .untrusted import first_line, load_tokenizer, printable, strip_code_refs
+from .untrusted import confined, first_line, load_tokenizer, printable, strip_code_refs
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -65,15 +65,14 @@ def _is_pair_dir(p: Path) -> bool:
 
 
 def read_pair_manifest(p: Path) -> dict:
+    """pair.json, with target_dir and draft_dir: subfolders of `p` (paths leading out are refused)."""
     try:
         manifest = json.loads((p / "pair.json").read_text())
-        return {
-            **manifest,
-            "target_dir": p / manifest["target"]["path"],
-            "draft_dir": p / manifest["draft"]["path"],
-        }
+        paths = {role: manifest[role]["path"] for role in ("target", "draft")}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise MlxspecError(f"{p}/pair.json is unreadable ({e}); re-run `mlxspec convert`") from e
+        raise MlxspecError(f"{p}/pair.json is unreadable ({printable(e)}); re-run `mlxspec convert`") from e
+    dirs = {f"{role}_dir": confined(p, rel, f"{p}/pair.json: the {role} path") for role, rel in paths.items()}
+    return {**manifest, **dirs}
 
 
 def resolve_model_dir(spec: str | Path) -> Path:

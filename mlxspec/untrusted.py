@@ -8,6 +8,7 @@
   `mlxspec convert` writes, and a tokenizer that exists only as code is refused.
 * Text from them that goes into a message is shown through `printable`, so
   escape sequences never reach the terminal raw.
+* Paths they give (pair.json) stay inside their folder (`confined`).
 """
 
 from __future__ import annotations
@@ -96,3 +97,15 @@ def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
+
+def confined(root: Path, rel, what: str) -> Path:
+    """`root / rel`, refused (one line) unless it resolves to a folder below `root`."""
+    if not isinstance(rel, str) or not rel:
+        raise MlxspecError(f"{what} must name a subfolder of {root}, got {printable(repr(rel))}")
+    path = root / rel
+    base = root.resolve()
+    resolved = path.resolve()
+    if base not in resolved.parents:
+        raise MlxspecError(f"{what} {printable(repr(rel))} is not a subfolder of {root}; "
+                           "a pair folder only uses its own subfolders (re-run `mlxspec convert`)")
+    return path

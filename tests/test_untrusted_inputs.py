@@ -1,12 +1,15 @@
-"""Hostile or broken model folders give one-line errors (issue 10, item 8): nonsense
-config fields and absurd safetensors headers."""
+"""Hostile or broken model folders give one-line errors (issue 10, item 8): pair.json
+paths leading out of the pair folder, nonsense config fields and absurd safetensors
+headers."""
 
 import json
+import os
 import shutil
 import struct
 
 import pytest
 
+import mlxspec
 from cli_util import assert_refused, run_cli
 from mlxspec import memory
 from mlxspec.errors import MlxspecError
@@ -15,6 +18,37 @@ from mlxspec.errors import MlxspecError
 def copy_model(src, dst):
     shutil.copytree(src, dst)
     return dst
+
+
+# ---------------------------------------------------------------- pair.json
+
+
+@pytest.mark.parametrize("kind", ["parent", "absolute", "dotdot-inside", "symlink", "itself"])
+def test_pair_paths_stay_inside_the_pair_folder(tmp_path, tiny_pair_dirs, kind):
+    target, draft = tiny_pair_dirs
+    outside = copy_model(target, tmp_path / "outside")
+    pair = tmp_path / "pair"
+    copy_model(draft, pair / "draft")
+    rel = {"parent": "../outside", "absolute": str(outside), "dotdot-inside": "draft/../../outside",
+           "symlink": "target", "itself": "."}[kind]
+    if kind == "symlink":
+        os.symlink(outside, pair / "target")
+    (pair / "pair.json").write_text(json.dumps({"format": "mlxspec-pair", "version": 1,
+                                                "target": {"path": rel}, "draft": {"path": "draft"}}))
+    with pytest.raises(MlxspecError, match="the target path .* is not a subfolder of"):
+        mlxspec.load(pair)
+    if kind == "parent":
+        res = run_cli(tmp_path, "generate", "--model", str(pair), "-p", "hi", "-m", "2")
+        assert_refused(res, f"{pair}/pair.json", "'../outside' is not a subfolder of")
+
+
+def test_pair_paths_inside_still_load(tmp_path, tiny_pair_dirs):
+    pair = tmp_path / "pair"
+    copy_model(tiny_pair_dirs[0], pair / "t")
+    copy_model(tiny_pair_dirs[1], pair / "d")
+    (pair / "pair.json").write_text(json.dumps({"target": {"path": "./t"}, "draft": {"path": "d/../d"}}))
+    loaded = mlxspec.load(pair)
+    assert loaded.draft is not None and loaded.target_path == pair / "./t"
 
 
 # ---------------------------------------------------------------- config.json and safetensors headers
