@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mlxspec import memory, untrusted
-from mlxspec.errors import MlxspecError
+from mlxspec.errors import MlxspecError, write_failure
 from mlxspec.untrusted import printable
 
 from . import hub
@@ -280,9 +280,12 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
         if out.exists():
             raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
         os.rename(tmp, out)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # MLX reports a failed write as RuntimeError("[write] ...")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MlxspecError(f"cannot write the pair folder {out}: {e}") from e
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise MlxspecError(f"cannot write the pair folder {out}: {reason}; nothing was written") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -40,7 +40,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .errors import MlxspecError
+from .errors import MlxspecError, write_failure
 from .paths import cache_dir
 
 SHARD_BYTES = 2 << 30
@@ -389,8 +389,11 @@ def convert(gguf_path, progress: bool = True) -> Path:
             if cached_format(final) != FORMAT:  # not just another process finishing first
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if (reason := write_failure(e)) is not None:  # a full disk; MLX raises RuntimeError("[write] ...")
+            raise MlxspecError(f"{path}: cannot write the converted model to {final.parent}: {reason}; "
+                               "nothing was kept") from e
         raise
     _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
     return final

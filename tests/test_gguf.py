@@ -23,6 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load as mlx_lm_load
 
 import tiny_models
+from cli_util import assert_refused, file_size_limit, run_cli
 from mlxspec import gguf, weights
 from mlxspec.errors import MlxspecError
 
@@ -309,6 +310,17 @@ def test_unsupported_files_name_the_file(tmp_path, home):
     write_gguf(tmp_path / "phi.gguf", "phi3", model, cfg)
     assert_one_line_error(tmp_path / "phi.gguf", home, "architecture 'phi3' is not supported")
     assert_one_line_error(tmp_path / "missing.gguf", home, "no such GGUF file")
+
+
+def test_full_disk_while_converting_is_one_line_error_and_no_cache_entry(tmp_path, home):
+    """A real write failure: the child may not write a file past 64 kB (RLIMIT_FSIZE), so
+    MLX's safetensors writer fails half-way, as on a full disk."""
+    model, cfg = tiny_model("qwen2")
+    write_gguf(tmp_path / "q.gguf", "qwen2", model, cfg)
+    res = run_cli(tmp_path, "generate", "--model", str(tmp_path / "q.gguf"), "--no-draft", "-p", "hi", "-m", "2",
+                  MLXSPEC_HOME=str(home), preexec_fn=file_size_limit(64 << 10))
+    assert_refused(res, str(tmp_path / "q.gguf"), "cannot write the converted model", "is the disk full?")
+    assert cache_entries(home) == []
 
 
 # ---------------------------------------------------------------- SmolLM2-135M (real)

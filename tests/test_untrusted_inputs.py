@@ -1,6 +1,7 @@
 """Hostile or broken model folders give one-line errors (issue 10, item 8): pair.json
-paths leading out of the pair folder, nonsense config fields and absurd safetensors
-headers."""
+paths leading out of the pair folder, nonsense config fields, absurd safetensors
+headers, and a full disk while `mlxspec convert` writes.  (A full disk while
+converting a GGUF: test_gguf.py.)"""
 
 import json
 import os
@@ -10,7 +11,9 @@ import struct
 import pytest
 
 import mlxspec
-from cli_util import assert_refused, run_cli
+import tiny_models as tm
+from cli_util import assert_refused, file_size_limit, run_cli
+from hub_server import HubServer
 from mlxspec import memory
 from mlxspec.errors import MlxspecError
 
@@ -89,3 +92,27 @@ def test_absurd_safetensors_header_length_is_one_line_error(tmp_path, tiny_pair_
     weights.write_bytes(struct.pack("<Q", 4) + b"[1] " + bytes(16))  # a header that is JSON but no object
     with pytest.raises(MlxspecError, match="not a JSON object"):
         memory.read_local_header(weights)
+
+
+# ---------------------------------------------------------------- a full disk while converting
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repos")
+    server = HubServer()
+    server.add_repo("tiny/target", tm.save_model_dir(root / "target", seed=0))
+    server.add_repo("tiny/draft", tm.save_model_dir(root / "draft", seed=1))
+    with server:
+        yield server
+
+
+def test_full_disk_while_writing_the_pair_is_one_line_error(hub, tmp_path):
+    res = run_cli(tmp_path, "convert", "tiny/target", "--draft", "tiny/draft", "-o", "first", hub=hub)
+    assert res.returncode == 0, res.stdout + res.stderr  # the weights are now in the HF cache
+    # the child may not write a file past 64 kB (RLIMIT_FSIZE): a real write failure, as on a full disk
+    res = run_cli(tmp_path, "convert", "tiny/target", "--draft", "tiny/draft", "-o", "second", hub=hub,
+                  preexec_fn=file_size_limit(64 << 10))
+    assert_refused(res, f"cannot write the pair folder {tmp_path / 'second'}", "is the disk full?",
+                   "nothing was written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "hf"]  # no half-written pair or temp folder
