@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Iterator
 
 from .draft_length import FixedK
-from .drafters import Drafter, ModelDrafter
+from .drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
+from .untrusted import printable
 
 
 @dataclass
@@ -79,14 +79,11 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0)
         d = ModelDrafter(pair.draft, p_min=p_min)
         d.relative_cost = parameter_count(pair.draft) / parameter_count(pair.target)
         return d
-    from . import drafters
-
-    factory = getattr(drafters, "make_" + drafter.replace("-", "_"), None)
+    factory = DRAFTERS.get(drafter) if isinstance(drafter, str) else None
     if factory is None:
-        raise MlxspecError(f"unknown drafter {drafter!r}: choose model, lookup, layerskip or none")
-    if "p_min" in inspect.signature(factory).parameters:
-        return factory(pair, p_min=p_min)
-    return factory(pair)
+        raise MlxspecError(f"unknown drafter {printable(repr(drafter))}: choose one of model, none, "
+                           f"{', '.join(DRAFTERS)}")
+    return factory(pair, p_min=p_min)
 
 
 def make_policy(num_draft, drafter: Drafter, reproducible: bool = False):

@@ -329,8 +329,8 @@ class MlxspecContender(Contender):
         if self.drafter != "model":
             from . import drafters
 
-            if not hasattr(drafters, "make_" + self.drafter.replace("-", "_")):
-                return f"this mlxspec has no {self.drafter!r} drafter (mlxspec.drafters.make_{self.drafter} missing)"
+            if self.drafter not in drafters.DRAFTERS:
+                return f"this mlxspec has no {self.drafter!r} drafter (not in mlxspec.drafters.DRAFTERS)"
         if self.num_draft == "auto":
             from . import draft_length
 
@@ -441,7 +441,7 @@ def default_contenders() -> str:
 
     auto = hasattr(draft_length, "make_adaptive")
     specs = ["plain", "mlx-lm", "model"] + (["model:auto"] if auto else [])
-    if hasattr(drafters, "make_lookup"):
+    if "lookup" in drafters.DRAFTERS:
         specs.append("lookup:auto" if auto else "lookup")
     return ",".join(specs)
 

@@ -1,7 +1,7 @@
 """Hostile or broken model folders give one-line errors (issue 10, item 8): pair.json
 paths leading out of the pair folder, nonsense config fields, absurd safetensors
-headers, and a full disk while `mlxspec convert` writes.  (A full disk while
-converting a GGUF: test_gguf.py.)"""
+headers, a full disk while `mlxspec convert` writes, and drafter names that are
+not drafters.  (A full disk while converting a GGUF: test_gguf.py.)"""
 
 import json
 import os
@@ -116,3 +116,14 @@ def test_full_disk_while_writing_the_pair_is_one_line_error(hub, tmp_path):
     assert_refused(res, f"cannot write the pair folder {tmp_path / 'second'}", "is the disk full?",
                    "nothing was written")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "hf"]  # no half-written pair or temp folder
+
+
+# ---------------------------------------------------------------- drafter names
+
+
+@pytest.mark.parametrize("name", ["prompt_cache", "__class__", "ModelDrafter"])
+def test_drafter_names_come_from_the_registry_only(tmp_path, tiny_pair_dirs, name):
+    res = run_cli(tmp_path, "generate", "--model", str(tiny_pair_dirs[0]), "--drafter", name, "-p", "hi", "-m", "2")
+    line = assert_refused(res, f"unknown drafter {name!r}")
+    for known in ("model", "lookup", "layerskip", "none"):
+        assert known in line
