@@ -89,7 +89,8 @@ def read_config(r: hub.Repo, snapshot: Path) -> dict:
         import mlx_lm
 
         raise MlxspecError(
-            f"{r.repo}: model type {config.get('model_type')!r} is not supported by mlx-lm {mlx_lm.__version__}"
+            f"{r.repo}: model type {printable(repr(config.get('model_type')))} is not supported by mlx-lm "
+            f"{mlx_lm.__version__}"
         ) from e
     return config
 
@@ -101,7 +102,7 @@ def source_bits(r: hub.Repo, config: dict) -> int | None:
         return int(q["bits"])
     qc = config.get("quantization_config")
     if isinstance(qc, dict):
-        method = qc.get("quant_method", "unknown")
+        method = printable(qc.get("quant_method", "unknown"))
         raise MlxspecError(f"{r.repo} is pre-quantised ({method}); convert from the unquantised repo instead")
     return None
 

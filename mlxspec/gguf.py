@@ -42,6 +42,7 @@ import numpy as np
 
 from .errors import MlxspecError, write_failure
 from .paths import cache_dir
+from .untrusted import printable
 
 SHARD_BYTES = 2 << 30
 FORMAT = 1  # of the converted folders; bump it when conversion changes, and old cache entries are redone
@@ -341,8 +342,8 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     eos = eos_ids(meta, tokens, kinds)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
-    config["mlxspec"] = {"source": path.name, "sha256": digest, "general.name": meta.get("general.name"),
-                         "format": FORMAT}
+    config["mlxspec"] = {"source": path.name, "sha256": digest, "format": FORMAT,  # the name is shown on terminals
+                         "general.name": printable(meta["general.name"]) if "general.name" in meta else None}
 
     write_weights(path, reader, arch, out, progress)
     (out / "tokenizer.json").write_text(tok_json)

@@ -55,9 +55,11 @@ class Pair:
 
 
 def model_name(path: Path, config: dict) -> str:
-    """A readable name: the GGUF's own name for converted files, else the folder name."""
-    source = (config or {}).get("mlxspec", {})
-    return source.get("general.name") or source.get("source") or path.name
+    """A readable name: the GGUF's own name for converted files, else the folder name;
+    escape sequences and other control characters in it are shown escaped."""
+    source = (config or {}).get("mlxspec")
+    source = source if isinstance(source, dict) else {}
+    return printable(source.get("general.name") or source.get("source") or path.name, 120)
 
 
 def _is_pair_dir(p: Path) -> bool:

@@ -6,8 +6,8 @@
   asks on stdin.  Every tokenizer load here passes `trust_remote_code=False`,
   `auto_map` is dropped (with a one-line notice) from what we load and from what
   `mlxspec convert` writes, and a tokenizer that exists only as code is refused.
-* Text from them that goes into a message is shown through `printable`, so
-  escape sequences never reach the terminal raw.
+* Names read from them (a GGUF's `general.name`, folder names) and the CLI's error
+  lines go through `printable`, so escape sequences never reach the terminal raw.
 * Paths they give (pair.json) stay inside their folder (`confined`).
 """
 

@@ -83,11 +83,11 @@ def tiny_model(arch, seed=0):
 
 
 def write_gguf(path, arch, model, cfg, quant=(), pre="qwen2", add_bos=False, with_template=True,
-               extra_tensor=None):
+               extra_tensor=None, name=None):
     """Write `model` as llama.cpp would; tensors whose GGUF name contains a string in `quant` go Q8_0.
     Returns {mlx name: float32 weights the file really holds (after Q8_0 round trip)}."""
     w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny {arch}")
+    w.add_name(f"tiny {arch}" if name is None else name)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -310,6 +310,24 @@ def test_unsupported_files_name_the_file(tmp_path, home):
     write_gguf(tmp_path / "phi.gguf", "phi3", model, cfg)
     assert_one_line_error(tmp_path / "phi.gguf", home, "architecture 'phi3' is not supported")
     assert_one_line_error(tmp_path / "missing.gguf", home, "no such GGUF file")
+
+
+def test_escape_sequences_in_the_name_never_reach_the_terminal(tmp_path, home):
+    model, cfg = tiny_model("qwen2")
+    write_gguf(tmp_path / "q.gguf", "qwen2", model, cfg, name="\x1b[31mred\x1b]0;title\x07 \u202eevil\r\nx")
+    folder = gguf.convert(tmp_path / "q.gguf", progress=False)
+    shown = "\\x1b[31mred\\x1b]0;title\\x07 \\u202eevil\\x0d\\x0ax"
+    assert json.loads((folder / "config.json").read_text())["mlxspec"]["general.name"] == shown
+    res = run_cli(tmp_path, "generate", "--model", str(tmp_path / "q.gguf"), "--no-draft", "-p", "hi", "-m", "2",
+                  MLXSPEC_HOME=str(home))
+    assert res.returncode == 0, res.stderr
+    assert f"[{shown} (no draft);" in res.stderr
+    assert not any(c in res.stderr for c in "\x1b\x07\r\u202e")
+    # a folder converted before names were escaped, or any other config naming the model
+    from mlxspec.loading import model_name
+
+    assert model_name(folder, {"mlxspec": {"general.name": "\x1b[2Jwiped"}}) == "\\x1b[2Jwiped"
+    assert model_name(tmp_path / "dir\x1b[1mname", {}) == "dir\\x1b[1mname"
 
 
 def test_full_disk_while_converting_is_one_line_error_and_no_cache_entry(tmp_path, home):
