@@ -1,7 +1,7 @@
 """Hostile or broken model folders give one-line errors (issue 10, item 8): pair.json
 paths leading out of the pair folder, nonsense config fields, absurd safetensors
 headers, a full disk while `mlxspec convert` writes, and drafter names that are
-not drafters.  (A full disk while converting a GGUF: test_gguf.py.)"""
+not drafters.  (GGUF names and a full disk while converting a GGUF: test_gguf.py.)"""
 
 import json
 import os
