@@ -21,8 +21,9 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlxspec import memory, tempfiles
-from mlxspec.errors import MlxspecError
+from mlxspec import memory, tempfiles, untrusted
+from mlxspec.errors import MlxspecError, write_failure
+from mlxspec.untrusted import printable
 
 from . import hub
 
@@ -61,8 +62,10 @@ def read_config(r: hub.Repo, snapshot: Path) -> dict:
         config = json.loads((snapshot / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise MlxspecError(f"{r.repo}: config.json is unreadable ({e})") from e
+    memory.check_config(config, f"{r.repo}/config.json")
     if config.get("model_file"):
-        raise MlxspecError(f"{r.repo} needs custom model code ({config['model_file']}), which mlxspec never runs")
+        raise MlxspecError(f"{r.repo} needs custom model code ({printable(config['model_file'])}), "
+                           "which mlxspec never runs")
     try:
         from mlx_lm.utils import _get_classes
 
@@ -71,7 +74,8 @@ def read_config(r: hub.Repo, snapshot: Path) -> dict:
         import mlx_lm
 
         raise MlxspecError(
-            f"{r.repo}: model type {config.get('model_type')!r} is not supported by mlx-lm {mlx_lm.__version__}"
+            f"{r.repo}: model type {printable(repr(config.get('model_type')))} is not supported by mlx-lm "
+            f"{mlx_lm.__version__}"
         ) from e
     return config
 
@@ -83,22 +87,14 @@ def source_bits(r: hub.Repo, config: dict) -> int | None:
         return int(q["bits"])
     qc = config.get("quantization_config")
     if isinstance(qc, dict):
-        method = qc.get("quant_method", "unknown")
+        method = printable(qc.get("quant_method", "unknown"))
         raise MlxspecError(f"{r.repo} is pre-quantised ({method}); convert from the unquantised repo instead")
     return None
 
 
 def load_tokenizer(r: hub.Repo, snapshot: Path, config: dict):
     """mlx-lm's tokenizer wrapper from a folder of tokenizer and config files (no custom code)."""
-    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
-
-    try:
-        return mlx_load_tokenizer(snapshot, eos_token_ids=config.get("eos_token_id"))
-    except Exception as e:  # transformers raises many kinds
-        msg = hub._first_line(e)
-        if "trust_remote_code" in msg:
-            raise MlxspecError(f"{r.repo}'s tokenizer needs custom code (trust_remote_code), which mlxspec never runs") from e
-        raise MlxspecError(f"cannot load the tokenizer of {r.repo}: {msg}") from e
+    return untrusted.load_tokenizer(snapshot, config.get("eos_token_id"), f"the tokenizer of {r.repo}", label=r.repo)
 
 
 def check_pair(target: hub.Repo, draft: hub.Repo, tsnap: Path, dsnap: Path, tcfg: dict, dcfg: dict):
@@ -151,15 +147,30 @@ def convert_model(src: Path, dst: Path, bits: int | None) -> dict:
     """An mlx-lm model folder at `dst` from the HF snapshot `src`, quantised to `bits` if given."""
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
-    model, config = load_model(src, lazy=True)
+    model, config = load_model(src, lazy=True, trust_remote_code=False)
+    config = untrusted.strip_code_refs(config)
     if bits:
         model, config = quantize_model(model, config, memory.GROUP_SIZE, bits)
     save_model(dst, model, donate_model=True)
     save_config(config, config_path=dst / "config.json")
     for f in sorted(src.iterdir()):
         if hub.is_meta(f.name) and f.name not in NOT_COPIED:
-            shutil.copyfile(f, dst / f.name)
+            copy_meta(f, dst / f.name)
     return config
+
+
+def copy_meta(src: Path, dst: Path) -> None:
+    """Copy a tokenizer/config file; JSON objects lose `auto_map` (the pair never names code to run)."""
+    if src.suffix == ".json":
+        try:
+            data = json.loads(src.read_text())
+        except (OSError, ValueError):
+            data = None
+        clean = untrusted.strip_code_refs(data)
+        if clean is not data:
+            dst.write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
+            return
+    shutil.copyfile(src, dst)
 
 
 def manifest(target: hub.Repo, draft: hub.Repo, quantize: str, comp, budget: memory.Budget) -> dict:
@@ -256,9 +267,12 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
             if out.exists():
                 raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
             os.rename(tmp, out)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # MLX reports a failed write as RuntimeError("[write] ...")
             shutil.rmtree(tmp, ignore_errors=True)
-            raise MlxspecError(f"cannot write the pair folder {out}: {e}") from e
+            reason = write_failure(e)
+            if reason is None:
+                raise
+            raise MlxspecError(f"cannot write the pair folder {out}: {reason}; nothing was written") from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

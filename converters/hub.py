@@ -288,19 +288,15 @@ def safetensors_header(r: Repo, name: str) -> dict:
     (the 8-byte length, then the header), so no tensor byte crosses the
     network.  (`HfApi.get_safetensors_metadata` asks for the first 100 kB,
     which for small files is the tensor data too.)"""
-    from mlxspec.memory import read_local_header
+    from mlxspec.memory import check_header_length, parse_header, read_local_header
 
     local = r.offline_dir / name if r.offline_dir is not None else cached_path(r, name)
     if local is not None and Path(local).is_file():
         return read_local_header(local)
     with hub_errors(r.repo, r.requested):
         (n,) = _unpack_len(_range(r, name, 0, 8))
-        if n > 100 << 20:
-            raise MlxspecError(f"{r.repo}/{name}: safetensors header of {n} bytes is implausible; corrupt file?")
-        try:
-            return json.loads(_range(r, name, 8, n))
-        except ValueError as e:
-            raise MlxspecError(f"{r.repo}/{name}: unreadable safetensors header ({e})") from e
+        check_header_length(n, f"{r.repo}/{name}")
+        return parse_header(_range(r, name, 8, n), f"{r.repo}/{name}")
 
 
 def _unpack_len(b: bytes):

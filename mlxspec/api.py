@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Iterator
 
 from .draft_length import FixedK
-from .drafters import Drafter, ModelDrafter
+from .drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
+from .untrusted import printable
 
 
 @dataclass
@@ -115,14 +115,11 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
 
             return HybridDrafter(PromptLookupDrafter(), d)
         return d
-    from . import drafters
-
-    factory = getattr(drafters, "make_" + drafter.replace("-", "_"), None)
+    factory = DRAFTERS.get(drafter) if isinstance(drafter, str) else None
     if factory is None:
-        raise MlxspecError(f"unknown drafter {drafter!r}: choose model, hybrid, lookup, layerskip or none")
-    if "p_min" in inspect.signature(factory).parameters:
-        return factory(pair, p_min=p_min)
-    return factory(pair)
+        raise MlxspecError(f"unknown drafter {printable(repr(drafter))}: choose one of model, hybrid, none, "
+                           f"{', '.join(DRAFTERS)}")
+    return factory(pair, p_min=p_min)
 
 
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):

@@ -53,7 +53,7 @@ from .generate_cli import model_options
 
 SCHEMA = "mlxspec-bench/1"
 DEFAULT_SUITES = ("code", "chat", "grounded", "creative")
-DRAFTERS = ("model", "lookup", "layerskip")
+DRAFTERS = ("model", "hybrid", "lookup", "layerskip")
 ALL_CONTENDERS = "plain,mlx-lm,mlx-lm-plain,model,model:auto,lookup,lookup:auto,layerskip,layerskip:auto"
 DEFAULT_MAX_TOKENS = 40
 QUICK_MAX_TOKENS = 16
@@ -324,18 +324,13 @@ class MlxspecContender(Contender):
     def unavailable(self, pair):
         if self.drafter == "none":
             return None
-        if self.drafter == "model" and pair.draft is None:
+        if self.drafter in ("model", "hybrid") and pair.draft is None:
             return "no draft model loaded"
-        if self.drafter != "model":
+        if self.drafter not in ("model", "hybrid"):
             from . import drafters
 
-            if not hasattr(drafters, "make_" + self.drafter.replace("-", "_")):
-                return f"this mlxspec has no {self.drafter!r} drafter (mlxspec.drafters.make_{self.drafter} missing)"
-        if self.num_draft == "auto":
-            from . import draft_length
-
-            if not hasattr(draft_length, "make_adaptive"):
-                return "this mlxspec has no adaptive draft length (mlxspec.draft_length.make_adaptive missing)"
+            if self.drafter not in drafters.DRAFTERS:
+                return f"this mlxspec has no {self.drafter!r} drafter (not in mlxspec.drafters.DRAFTERS)"
         try:
             self.decoder(pair)
         except (MlxspecError, NotImplementedError, TypeError, ValueError, AttributeError) as e:
@@ -435,15 +430,9 @@ def make_contender(spec: str, default_k: int = 3) -> Contender:
 
 
 def default_contenders() -> str:
-    """plain, mlx-lm, the draft model at fixed k, and -- where this mlxspec has them -- the
-    draft model with the adaptive draft length and prompt lookup (adaptive if it can be)."""
-    from . import draft_length, drafters
-
-    auto = hasattr(draft_length, "make_adaptive")
-    specs = ["plain", "mlx-lm", "model"] + (["model:auto"] if auto else [])
-    if hasattr(drafters, "make_lookup"):
-        specs.append("lookup:auto" if auto else "lookup")
-    return ",".join(specs)
+    """plain, mlx-lm, the draft model at fixed k and with the per-token draft length
+    (the default), and prompt lookup."""
+    return "plain,mlx-lm,model,model:auto,lookup:auto"
 
 
 def make_contenders(specs: str | None, default_k: int = 3) -> list[Contender]:

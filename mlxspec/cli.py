@@ -13,6 +13,7 @@ import sys
 import click
 
 from .errors import MlxspecError
+from .untrusted import printable
 
 COMMANDS = {
     "generate": ("mlxspec.generate_cli:generate", "Generate text from a prompt, speculatively."),
@@ -62,7 +63,7 @@ def main(argv=None):
         e.show()
         sys.exit(e.exit_code)
     except MlxspecError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e), 1000)}", err=True)  # one line, no raw escape sequences
         sys.exit(1)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

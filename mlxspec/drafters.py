@@ -12,8 +12,8 @@ as the target).  A drafter that proposes deterministically returns q=None.
 * `LayerSkipDrafter`: self-speculation; the target drafts for itself with some of
   its layers skipped, sharing its weights.
 
-`api.make_drafter(pair, name)` finds `make_<name>(pair)` here: `make_lookup`,
-`make_layerskip`.
+`api.make_drafter(pair, name)` looks names up in `DRAFTERS` (name -> factory
+taking the pair and p_min); nothing else in this module is reachable by name.
 """
 
 from __future__ import annotations
@@ -209,12 +209,10 @@ class PromptLookupDrafter(Drafter):
         return Proposal(out[:kept], None, [None] * kept) if kept else EMPTY
 
 
-def make_lookup(pair, max_ngram: int = 3, min_ngram: int = 2) -> PromptLookupDrafter:
-    """`--drafter lookup`: prompt lookup; needs no draft model."""
+def make_lookup(pair, p_min: float = 0.0, max_ngram: int = 3, min_ngram: int = 2) -> PromptLookupDrafter:
+    """`--drafter lookup`: prompt lookup; needs no draft model (and proposes
+    deterministically, so `p_min` does not apply)."""
     return PromptLookupDrafter(max_ngram, min_ngram)
-
-
-make_prompt_lookup = make_lookup
 
 
 # ---------------------------------------------------------------------------
@@ -327,9 +325,15 @@ class LayerSkipDrafter(ModelDrafter):
         self.relative_cost = len(self.state.model.keep) / n
 
 
-def make_layerskip(pair, layout: str = "middle", p_min: float = 0.0) -> LayerSkipDrafter:
+def make_layerskip(pair, p_min: float = 0.0, layout: str = "middle") -> LayerSkipDrafter:
     """`--drafter layerskip`: self-speculation with the target's own layers."""
     return LayerSkipDrafter(pair.target, layout=layout, p_min=p_min)
 
 
-make_layer_skip = make_layerskip
+# The drafters `--drafter NAME` / `make_drafter(pair, NAME)` can build besides "model" and "none".
+DRAFTERS = {
+    "lookup": make_lookup,
+    "prompt-lookup": make_lookup,
+    "layerskip": make_layerskip,
+    "layer-skip": make_layerskip,
+}

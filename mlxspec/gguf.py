@@ -42,8 +42,9 @@ import click
 import numpy as np
 
 from . import tempfiles
-from .errors import MlxspecError
+from .errors import MlxspecError, write_failure
 from .paths import cache_dir
+from .untrusted import printable
 
 SHARD_BYTES = 2 << 30
 FORMAT = 1  # of the converted folders; bump it when conversion changes, and old cache entries are redone
@@ -343,8 +344,8 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     eos = eos_ids(meta, tokens, kinds)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
-    config["mlxspec"] = {"source": path.name, "sha256": digest, "general.name": meta.get("general.name"),
-                         "format": FORMAT}
+    config["mlxspec"] = {"source": path.name, "sha256": digest, "format": FORMAT,  # the name is shown on terminals
+                         "general.name": printable(meta["general.name"]) if "general.name" in meta else None}
 
     write_weights(path, reader, arch, out, progress)
     (out / "tokenizer.json").write_text(tok_json)
@@ -402,8 +403,11 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
                 if cached_format(final) != FORMAT:  # not just another process finishing first
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if (reason := write_failure(e)) is not None:  # a full disk; MLX raises RuntimeError("[write] ...")
+                raise MlxspecError(f"{path}: cannot write the converted model to {final.parent}: {reason}; "
+                                   "nothing was kept") from e
             raise
     _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
     return final

@@ -19,6 +19,8 @@ from .backend import compute_dtype
 from .cache import check_trimmable
 from .compat import Compatibility, require_compatible
 from .errors import MlxspecError
+from .memory import read_config
+from .untrusted import confined, first_line, load_tokenizer, printable, strip_code_refs
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -54,9 +56,11 @@ class Pair:
 
 
 def model_name(path: Path, config: dict) -> str:
-    """A readable name: the GGUF's own name for converted files, else the folder name."""
-    source = (config or {}).get("mlxspec", {})
-    return source.get("general.name") or source.get("source") or path.name
+    """A readable name: the GGUF's own name for converted files, else the folder name;
+    escape sequences and other control characters in it are shown escaped."""
+    source = (config or {}).get("mlxspec")
+    source = source if isinstance(source, dict) else {}
+    return printable(source.get("general.name") or source.get("source") or path.name, 120)
 
 
 def _is_pair_dir(p: Path) -> bool:
@@ -64,15 +68,14 @@ def _is_pair_dir(p: Path) -> bool:
 
 
 def read_pair_manifest(p: Path) -> dict:
+    """pair.json, with target_dir and draft_dir: subfolders of `p` (paths leading out are refused)."""
     try:
         manifest = json.loads((p / "pair.json").read_text())
-        return {
-            **manifest,
-            "target_dir": p / manifest["target"]["path"],
-            "draft_dir": p / manifest["draft"]["path"],
-        }
+        paths = {role: manifest[role]["path"] for role in ("target", "draft")}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise MlxspecError(f"{p}/pair.json is unreadable ({e}); re-run `mlxspec convert`") from e
+        raise MlxspecError(f"{p}/pair.json is unreadable ({printable(e)}); re-run `mlxspec convert`") from e
+    dirs = {f"{role}_dir": confined(p, rel, f"{p}/pair.json: the {role} path") for role, rel in paths.items()}
+    return {**manifest, **dirs}
 
 
 def resolve_model_dir(spec: str | Path) -> Path:
@@ -127,26 +130,30 @@ def _from_hf_cache(repo: str) -> Path:
 
 
 def load_model_dir(path: Path, name: str = "model"):
-    """(model, tokenizer, config) from an MLX model folder, float32 on CPU."""
-    from mlx_lm.utils import load_model, load_tokenizer
+    """(model, tokenizer, config) from an MLX model folder, float32 on CPU.
 
+    Nothing from the folder is executed: a config asking for custom model code
+    (`model_file`) is refused, and `auto_map` is ignored (untrusted.py)."""
+    from mlx_lm.utils import load_model
+
+    model_file = read_config(path).get("model_file")
+    if model_file:
+        raise MlxspecError(f"the {name} in {path} needs custom model code ({printable(model_file)}), "
+                           "which mlxspec never runs")
     try:
-        model, config = load_model(path)
+        model, config = load_model(path, trust_remote_code=False)
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise MlxspecError(f"cannot build the {name} from {path}: {msg}") from e
+        raise MlxspecError(f"cannot build the {name} from {path}: {printable(first_line(e))}") from e
     except Exception as e:  # corrupt or truncated safetensors surface as RuntimeError and friends
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise MlxspecError(f"cannot read the {name} weights in {path} ({msg}): the file is corrupt or truncated; re-download or re-convert it") from e
+        raise MlxspecError(f"cannot read the {name} weights in {path} ({printable(first_line(e))}): "
+                           "the file is corrupt or truncated; re-download or re-convert it") from e
     dtype = compute_dtype()
     if dtype is not None:
         model.set_dtype(dtype)
-    try:
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-    except Exception as e:
-        raise MlxspecError(f"cannot load the {name} tokenizer from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    config = strip_code_refs(config)
+    tokenizer = load_tokenizer(path, config.get("eos_token_id"), f"the {name} tokenizer in {path}")
     check_trimmable(model, name)
     return model, tokenizer, config
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import MlxspecError
+from .untrusted import printable
 
 GiB = 1 << 30
 GROUP_SIZE = 64
@@ -38,6 +39,12 @@ DTYPE_BYTES = {
     "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
 }
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+MAX_HEADER_BYTES = 100 << 20  # a safetensors header past this is a corrupt (or hostile) file
+
+# config.json fields the budget reads: positive ints where present (the nullable ones may be null)
+POSITIVE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+NULLABLE_FIELDS = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
+QUANT_FIELDS = ("bits", "group_size")  # of an MLX "quantization" object, positive ints where present
 
 
 def fmt_bytes(n: float) -> str:
@@ -131,11 +138,32 @@ def from_header(header: dict, config: dict | None = None) -> list:
     return out
 
 
+def check_header_length(n: int, where) -> None:
+    if n > MAX_HEADER_BYTES:
+        raise MlxspecError(f"{where}: safetensors header of {n} bytes is implausible; the file is corrupt, "
+                           "re-download or re-convert it")
+
+
+def parse_header(raw: bytes, where) -> dict:
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise MlxspecError(f"{where}: unreadable safetensors header ({e}); the file is corrupt or truncated") from e
+    if not isinstance(header, dict):
+        raise MlxspecError(f"{where}: the safetensors header is not a JSON object; the file is corrupt")
+    return header
+
+
 def read_local_header(path) -> dict:
-    """The JSON header of a local safetensors file (reads only the header bytes)."""
+    """The JSON header of a local safetensors file (reads only the header bytes, at most
+    MAX_HEADER_BYTES of them)."""
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n))
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise MlxspecError(f"{path}: shorter than a safetensors header; the file is corrupt or truncated")
+        (n,) = struct.unpack("<Q", raw)
+        check_header_length(n, path)
+        return parse_header(f.read(n), path)
 
 
 def local_tensors(model_dir) -> list:
@@ -149,13 +177,44 @@ def local_tensors(model_dir) -> list:
 
 
 def read_config(model_dir) -> dict:
+    """A folder's config.json, checked with `check_config`; {} if missing or not JSON
+    (the loader reports those)."""
+    path = Path(model_dir) / "config.json"
     try:
-        return json.loads((Path(model_dir) / "config.json").read_text())
+        config = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return check_config(config, path)
 
 
 # ---------------------------------------------------------------- configs
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def check_config(config, where) -> dict:
+    """`config` if the fields the budget and the loader read are sane; otherwise a one-line
+    MlxspecError naming `where` (the file) and the field.  Absent fields are left to the loader."""
+
+    def bad(field, v, want):
+        return MlxspecError(f"{where}: {field} must be {want}, got {printable(json.dumps(v), 60)}")
+
+    if not isinstance(config, dict):
+        raise MlxspecError(f"{where} is not a JSON object (it holds a {type(config).__name__}); "
+                           "the model folder is broken")
+    tc = config.get("text_config")
+    if tc is not None and not isinstance(tc, dict):
+        raise bad("text_config", tc, "an object")
+    for prefix, c in (("", config), ("text_config.", tc or {})):
+        for key in POSITIVE_FIELDS + NULLABLE_FIELDS:
+            if key in c and not _positive_int(c[key]) and not (c[key] is None and key in NULLABLE_FIELDS):
+                raise bad(prefix + key, c[key], "a positive whole number")
+        q = c.get("quantization")
+        if q is not None and not (isinstance(q, dict) and all(_positive_int(q.get(k, 1)) for k in QUANT_FIELDS)):
+            raise bad(prefix + "quantization", q, "an object with positive whole bits and group_size")
+    return config
 
 
 def text_config(config: dict) -> dict:
@@ -323,7 +382,7 @@ def check_pair_fits(target_dir, draft_dir=None, context: int = 2048, budget_byte
             usable, src = budget_bytes, "given budget"
         budget = pair_budget(tcfg, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
                              usable_source=src)
-    except (OSError, ValueError, KeyError, struct.error):
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None  # unreadable folders are reported by the loader itself
     if not budget.fits:
         raise MlxspecError(

@@ -6,10 +6,7 @@ some at import time).  The server counts the tensor-data bytes it serves.
 """
 
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import tiny_models as tm
+from cli_util import assert_refused, run_cli
 from hub_server import HubServer
 from mlxspec import memory
 from mlxspec.converters import catalog
@@ -64,25 +62,6 @@ def hub(tmp_path_factory):
 def fresh(hub):
     hub.reset_counters()
     return hub
-
-
-def run_cli(tmp_path, *args, endpoint=None, hub=None, **env_extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
-    env.update(HF_ENDPOINT=endpoint or hub.url, HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1",
-               TRANSFORMERS_VERBOSITY="error", **env_extra)
-    return subprocess.run([sys.executable, "-m", "mlxspec.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
-
-
-def assert_refused(res, *needles):
-    """Exit 1 with one `error:` line (the last), no traceback, naming every needle."""
-    assert res.returncode == 1, res.stdout + res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines and lines[-1].startswith("error: "), res.stderr
-    assert sum(ln.startswith("error: ") for ln in lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for n in needles:
-        assert n in lines[-1], lines[-1]
-    return lines[-1]
 
 
 def assert_nothing_written(tmp_path):

@@ -23,6 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load as mlx_lm_load
 
 import tiny_models
+from cli_util import assert_refused, file_size_limit, run_cli
 from mlxspec import gguf, weights
 from mlxspec.errors import MlxspecError
 
@@ -82,11 +83,11 @@ def tiny_model(arch, seed=0):
 
 
 def write_gguf(path, arch, model, cfg, quant=(), pre="qwen2", add_bos=False, with_template=True,
-               extra_tensor=None):
+               extra_tensor=None, name=None):
     """Write `model` as llama.cpp would; tensors whose GGUF name contains a string in `quant` go Q8_0.
     Returns {mlx name: float32 weights the file really holds (after Q8_0 round trip)}."""
     w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny {arch}")
+    w.add_name(f"tiny {arch}" if name is None else name)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -322,6 +323,35 @@ def test_expected_hash_is_compared_before_anything_is_converted(tmp_path, home, 
     assert "corrupt" in str(e.value) and str(path) in str(e.value) and digest in str(e.value)
     assert cache_entries(home) == []
     assert gguf.convert(path, progress=False, expected_sha256=digest.upper()).name == digest
+
+
+def test_escape_sequences_in_the_name_never_reach_the_terminal(tmp_path, home):
+    model, cfg = tiny_model("qwen2")
+    write_gguf(tmp_path / "q.gguf", "qwen2", model, cfg, name="\x1b[31mred\x1b]0;title\x07 \u202eevil\r\nx")
+    folder = gguf.convert(tmp_path / "q.gguf", progress=False)
+    shown = "\\x1b[31mred\\x1b]0;title\\x07 \\u202eevil\\x0d\\x0ax"
+    assert json.loads((folder / "config.json").read_text())["mlxspec"]["general.name"] == shown
+    res = run_cli(tmp_path, "generate", "--model", str(tmp_path / "q.gguf"), "--no-draft", "-p", "hi", "-m", "2",
+                  MLXSPEC_HOME=str(home))
+    assert res.returncode == 0, res.stderr
+    assert f"[{shown} (no draft);" in res.stderr
+    assert not any(c in res.stderr for c in "\x1b\x07\r\u202e")
+    # a folder converted before names were escaped, or any other config naming the model
+    from mlxspec.loading import model_name
+
+    assert model_name(folder, {"mlxspec": {"general.name": "\x1b[2Jwiped"}}) == "\\x1b[2Jwiped"
+    assert model_name(tmp_path / "dir\x1b[1mname", {}) == "dir\\x1b[1mname"
+
+
+def test_full_disk_while_converting_is_one_line_error_and_no_cache_entry(tmp_path, home):
+    """A real write failure: the child may not write a file past 64 kB (RLIMIT_FSIZE), so
+    MLX's safetensors writer fails half-way, as on a full disk."""
+    model, cfg = tiny_model("qwen2")
+    write_gguf(tmp_path / "q.gguf", "qwen2", model, cfg)
+    res = run_cli(tmp_path, "generate", "--model", str(tmp_path / "q.gguf"), "--no-draft", "-p", "hi", "-m", "2",
+                  MLXSPEC_HOME=str(home), preexec_fn=file_size_limit(64 << 10))
+    assert_refused(res, str(tmp_path / "q.gguf"), "cannot write the converted model", "is the disk full?")
+    assert cache_entries(home) == []
 
 
 # ---------------------------------------------------------------- SmolLM2-135M (real)
