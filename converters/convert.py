@@ -21,7 +21,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlxspec import memory, tempfiles, untrusted
+from mlxspec import memory, tempfiles, untrusted, vocab_subset
 from mlxspec.errors import MlxspecError, write_failure
 from mlxspec.untrusted import printable
 
@@ -106,7 +106,7 @@ def check_pair(target: hub.Repo, draft: hub.Repo, tsnap: Path, dsnap: Path, tcfg
     comp = check_tokenizers(ttok, dtok, *rows)
     if not comp.ok:
         raise MlxspecError(f"{draft.repo} cannot draft for {target.repo}: {comp.reason}")
-    return comp
+    return comp, dtok
 
 
 def remote_tensors(r: hub.Repo, names, config: dict) -> list:
@@ -227,7 +227,7 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
     (tr, tsnap, tcfg, tnames, tbits), (dr, dsnap, dcfg, dnames, dbits) = repos
 
     log("[2/4] tokenizers")
-    comp = check_pair(tr, dr, tsnap, dsnap, tcfg, dcfg)
+    comp, dtok = check_pair(tr, dr, tsnap, dsnap, tcfg, dcfg)
     log(f"  {comp.reason}")
 
     log(f"[3/4] memory at a {context}-token context (from safetensors headers; no weights downloaded yet)")
@@ -264,6 +264,8 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
                 convert_model(snap, tmp / label, None if b else bits)
             label = str(tbits) if tbits and tbits == dbits else quantize  # pre-quantised sources keep their bits
             (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, label, comp, budget), indent=2) + "\n")
+            # the draft head's token frequencies (vocab_subset.py), so the pair needs no counting later
+            vocab_subset.write_table(vocab_subset.cached_table(dtok, say=log), tmp / vocab_subset.FILE_NAME)
             if out.exists():
                 raise MlxspecError(f"{out} appeared while converting; the new pair was not written")
             os.rename(tmp, out)

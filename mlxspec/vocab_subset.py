@@ -13,7 +13,10 @@ The frequencies come from a real corpus that every Python installation carries
 offline: the standard library's own source (about 12 MB of Python and English
 docstrings and comments, test suites excluded).  It suits the default code pair,
 needs no download, and is the same text on every machine with the same Python.
-Counts are computed once per tokenizer, cached under the mlxspec home, and
+The library's Python and English cover about 18-25 k distinct tokens of a 49-152 k
+vocabulary; beyond those the subset takes the remaining ids in id order (BPE's
+merge order, a frequency ranking of the tokenizer's own training text).  Counts
+are computed once per tokenizer, cached under the mlxspec home, and
 `mlxspec convert` writes them into pair folders (`vocab_freq.json`).  A table
 that does not match the tokenizer (size or hash) is refused.
 
@@ -117,22 +120,16 @@ def write_table(table: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def ranked_tokens(tokenizer, pair_dir: Path | None = None, say=None) -> list[int]:
-    """Token ids by corpus frequency: from the pair folder's table, else the cache
-    (built on first use)."""
-    if pair_dir is not None and (pair_dir / FILE_NAME).is_file():
-        path = pair_dir / FILE_NAME
-        try:
-            table = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise MlxspecError(f"{path} is unreadable ({e}); delete it or re-run `mlxspec convert`") from e
-        return check_table(table, tokenizer, str(path))
+def cached_table(tokenizer, say=None) -> dict:
+    """The tokenizer's frequency table from the mlxspec cache, counted on first use."""
     from .paths import cache_dir
 
     path = cache_dir() / "vocab" / f"{tokenizer_hash(tokenizer)}.json"
     if path.is_file():
         try:
-            return check_table(json.loads(path.read_text()), tokenizer, str(path))
+            table = json.loads(path.read_text())
+            check_table(table, tokenizer, str(path))
+            return table
         except (OSError, ValueError, MlxspecError):
             pass  # a stale or damaged cache entry: count again
     table = build_table(tokenizer, say)
@@ -140,12 +137,30 @@ def ranked_tokens(tokenizer, pair_dir: Path | None = None, say=None) -> list[int
         write_table(table, path)
     except OSError:
         pass
-    return check_table(table, tokenizer, "the token frequency table")
+    return table
 
 
-def choose_ids(ranked: list[int], size: int, always=()) -> list[int]:
-    """The `size` most frequent ids plus `always` (EOS and other special tokens)."""
-    ids = list(dict.fromkeys(list(always) + ranked))[:max(size, len(set(always)))]
+def ranked_tokens(tokenizer, pair_dir: Path | None = None, say=None) -> list[int]:
+    """Token ids by corpus frequency: from the pair folder's table, else the cache."""
+    if pair_dir is not None and (pair_dir / FILE_NAME).is_file():
+        path = pair_dir / FILE_NAME
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise MlxspecError(f"{path} is unreadable ({e}); delete it or re-run `mlxspec convert`") from e
+        return check_table(table, tokenizer, str(path))
+    return check_table(cached_table(tokenizer, say), tokenizer, "the token frequency table")
+
+
+def choose_ids(ranked: list[int], size: int, always=(), vocab_size: int = 0) -> list[int]:
+    """`always` (EOS and other special tokens), then the corpus's most frequent ids,
+    then -- when the corpus has fewer distinct tokens than `size` -- the unseen ids
+    in id order (a BPE vocabulary lists its merges roughly by frequency in the
+    tokenizer's own training text), `size` in all."""
+    order = dict.fromkeys(list(always) + list(ranked))
+    ids = list(order)[:max(size, len(set(always)))]
+    if len(ids) < size:
+        ids += [t for t in range(vocab_size) if t not in order][: size - len(ids)]
     return sorted(ids)
 
 

@@ -27,3 +27,9 @@ def tiny_pair_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_pair(tiny_pair_dirs):
     return mlxspec.load(*tiny_pair_dirs)
+
+
+@pytest.fixture(scope="session")
+def smollm2_pair():
+    """The real SmolLM2-135M drafting for itself (it has no smaller partner)."""
+    return mlxspec.load("smollm2-135m", "smollm2-135m")

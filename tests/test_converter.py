@@ -87,6 +87,13 @@ def test_compatible_pair_converts_then_generates_and_reconverts_offline(fresh, t
     for sub in ("target", "draft"):
         assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
             p.name for p in (out / sub).iterdir()}
+    # the draft head's token frequency table, made for the draft's tokenizer
+    from mlxspec import vocab_subset
+    from mlxspec.untrusted import load_tokenizer
+
+    table = json.loads((out / vocab_subset.FILE_NAME).read_text())
+    assert "stdlib" in table["corpus"] and table["ranked"]
+    assert vocab_subset.check_table(table, load_tokenizer(out / "draft", None, "draft"), "t") == table["ranked"]
     # unquantised: the converted weights are the served ones, bit for bit
     src, dst = mx.load(str(fresh.dirs[T] / "model.safetensors")), mx.load(str(out / "target/model.safetensors"))
     assert src.keys() == dst.keys() and all(mx.array_equal(src[k], dst[k]).item() for k in src)
