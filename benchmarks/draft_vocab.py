@@ -20,8 +20,8 @@ from pathlib import Path
 
 import mlxspec
 from mlxspec import cost_model
-from mlxspec.api import encode_prompt, make_decoder, make_drafter
-from mlxspec.bench import load_suite, select_prompts
+from mlxspec.api import make_decoder, make_drafter
+from mlxspec.bench import encode, load_suite, select_prompts
 from mlxspec.sampling import SamplingParams
 from mlxspec.stats import GenerationStats
 
@@ -47,7 +47,7 @@ def main(argv=None):
     pair = mlxspec.load(a.model, a.draft)
     sizes = [s if s == "full" else int(s) for s in a.sizes.split(",")]
     prompts = select_prompts([load_suite(a.suite)], a.prompts)
-    ids = [encode_prompt(pair.tokenizer, [{"role": "user", "content": p.text}], True) for p in prompts]
+    ids = [encode(pair.tokenizer, p) for p in prompts]
     rows = {s: {"size": s, "draft_step": [], "accepted": 0, "proposed": 0, "passes": 0, "tokens": 0, "tps": []}
             for s in sizes}
     for s in sizes:  # warm-up and the calibration (its own warm-up, interleaved widths, minimum of repeats)

@@ -82,7 +82,8 @@ def make_subset(pair, size) -> object | None:
         return None
     pair_dir = getattr(pair, "pair_dir", None)
     ranked = vocab_subset.ranked_tokens(pair.tokenizer, pair_dir, say=_say)
-    specials = list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
+    specials = (list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
+                + vocab_subset.template_tokens(pair.tokenizer))
     ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows], rows)
     return vocab_subset.SubsetHead(pair.draft, ids, rows)
 

@@ -90,7 +90,8 @@ class WordTokenizer:
 def test_frequency_table_counts_the_corpus_and_refuses_another_tokenizer(tmp_path):
     tok = WordTokenizer(["<unk>", "def", "return", "self", "import", "zzz-never"])
     files = vocab_subset.corpus_files(limit=300_000)
-    assert files and all(f.suffix == ".py" for f in files)
+    assert files and all(f.suffix == ".py" or f.name == "METADATA" for f in files)
+    assert any(f.name == "METADATA" for f in files)  # prose and fenced code, besides the stdlib sources
     counts = vocab_subset.count_tokens(tok, files)
     assert counts[tok.vocab["def"]] > 0 and counts[tok.vocab["zzz-never"]] == 0
     table = vocab_subset._table(tok, counts, "test")
@@ -98,10 +99,10 @@ def test_frequency_table_counts_the_corpus_and_refuses_another_tokenizer(tmp_pat
     vocab_subset.write_table(table, path)
     ranked = vocab_subset.ranked_tokens(tok, tmp_path)
     assert ranked[:1] != [tok.vocab["zzz-never"]] and set(ranked) <= set(range(6))
-    assert vocab_subset.choose_ids(ranked, 2, always=[5]) == sorted({5, ranked[0]})
-    seen = set(ranked)
-    unseen = [t for t in range(6) if t not in seen]
-    assert vocab_subset.choose_ids(ranked, len(seen) + 1, vocab_size=6) == sorted(seen | {unseen[0]})
+    # always-tokens, then half from the corpus ranking, the rest by lowest id
+    big = list(range(100, 110))
+    assert vocab_subset.choose_ids(big, 7, always=[50], vocab_size=200) == [0, 1, 2, 50, 100, 101, 102]
+    assert vocab_subset.choose_ids(ranked, 6, vocab_size=6) == list(range(6))
     other = WordTokenizer(["<unk>", "def", "return", "self", "import", "zzz-never", "extra"])
     with pytest.raises(MlxspecError) as e:
         vocab_subset.ranked_tokens(other, tmp_path)
