@@ -25,8 +25,11 @@ Design:
 * Draft on/off swaps the decoder's drafter and policy; the target cache is
   shared, so toggling never re-processes the conversation on the target (the
   draft model catches up on what it missed when it is turned back on).
-* `cancel()` (any thread) sets a flag the decoder checks before each
-  draft/verify round, so the stream ends after at most the round in progress.
+* `cancel()` (any thread) sets the turn's cancel flag, which the decoder checks
+  between prefill chunks and before each draft/verify round, so the stream ends
+  after at most the round in progress.  The flag is created the moment a turn
+  takes the session (before the template is rendered or anything tokenized), so
+  a cancel that arrives while the prompt is being prepared is not lost.
   An interrupted reply is KEPT in the conversation by default (as LM Studio and
   most chat UIs do: what the user saw stays); `Session(on_cancel="drop")`
   removes the whole turn (user message and partial reply) instead.  Either way
@@ -277,6 +280,7 @@ class SessionStream:
                 s._commit_turn(self, text, stats)
         finally:
             s._active = None
+            s._turn_cancel = None
             s._lock.release()
 
 
@@ -306,6 +310,7 @@ class Session:
         self._p_min = p_min
         self._lock = threading.Lock()
         self._active: SessionStream | None = None
+        self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
         self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length)
         self._plain = (self.decoder.drafter, self.decoder.policy)
         self._spec = None  # (drafter, policy), built when drafting is first turned on
@@ -402,7 +407,7 @@ class Session:
     # -- conversation --------------------------------------------------------
     @property
     def generating(self) -> bool:
-        return self._active is not None
+        return self._turn_cancel is not None
 
     def conversation(self) -> list[dict]:
         """The messages as the chat template sees them (system prompt first)."""
@@ -450,10 +455,10 @@ class Session:
     def cancel(self) -> bool:
         """Stop the reply in progress after the current draft/verify round.  Safe
         from any thread; returns False when nothing is being generated."""
-        active = self._active
-        if active is None:
+        flag = self._turn_cancel  # one read: a turn that ends meanwhile just ignores the set
+        if flag is None:
             return False
-        active.cancel()
+        flag.set()
         return True
 
     # -- generation ---------------------------------------------------------
@@ -485,6 +490,9 @@ class Session:
         the conversation no longer fits the context."""
         if not self._lock.acquire(blocking=False):
             raise MlxspecError("this session is already generating a reply: wait for it, or cancel() it first")
+        # The turn's cancel flag exists from here on, before the prompt is prepared:
+        # cancel() from now on ends this reply, however early it comes.
+        cancel_event = self._turn_cancel = threading.Event()
         try:
             max_tokens = self.max_tokens if max_tokens is None else max_tokens
             if max_tokens < 1:
@@ -495,13 +503,13 @@ class Session:
                 raise ContextFullError(
                     f"the conversation ({len(history)} tokens with this message) fills the model's context "
                     f"({limit} tokens): reset the session to start over")
-            cancel_event = threading.Event()
             gen = GenerationStream(self.decoder, self.tokenizer, history, self._params, max_tokens,
                                    should_stop=cancel_event.is_set, eos_token_ids=self.eos_token_ids)
             s = SessionStream(self, text, prompt_text, history, gen, cancel_event, on_chunk)
             self._active = s
             return s
         except BaseException:
+            self._turn_cancel = None
             self._lock.release()
             raise
 
