@@ -23,6 +23,7 @@ from .errors import MlxspecError
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
+from .token_ids import validate_token_ids
 
 
 @dataclass
@@ -39,9 +40,10 @@ class Result:
     stats: GenerationStats
 
 
-def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None) -> list[int]:
     """A str (raw text, or chat-templated if chat_template=True), a list of chat
-    messages ({"role", "content"} dicts, always templated), or token ids."""
+    messages ({"role", "content"} dicts, always templated), or token ids (ints,
+    0 <= id < `vocab_size` when given: see token_ids.py)."""
     if isinstance(prompt, str):
         if chat_template and getattr(tokenizer, "chat_template", None):
             return list(tokenizer.apply_chat_template(
@@ -53,8 +55,8 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
         ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) and prompt:
-        return list(prompt)
+    if isinstance(prompt, (list, tuple)) and prompt:
+        return validate_token_ids(prompt, vocab_size)
     raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")
 
 
@@ -106,7 +108,8 @@ def make_policy(num_draft, drafter: Drafter, reproducible: bool = False):
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0,
                  reproducible: bool = False) -> SpeculativeDecoder:
     d = make_drafter(pair, drafter, p_min)
-    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d, reproducible), pair.context_length)
+    return SpeculativeDecoder(pair.target, d, make_policy(num_draft, d, reproducible), pair.context_length,
+                              pair.vocab_size)
 
 
 class GenerationStream:
@@ -121,6 +124,7 @@ class GenerationStream:
         self.text = ""
         self._tokenizer = tokenizer
         check_context(history, decoder.context_length)
+        decoder.check_tokens(history)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
         self._it = self._run()
@@ -165,7 +169,7 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     params = _params(**sampling)
     reproducible = params.seed is not None and not params.greedy
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, reproducible)
-    history = encode_prompt(pair.tokenizer, prompt, chat_template)
+    history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

@@ -311,7 +311,7 @@ class Session:
         self._lock = threading.Lock()
         self._active: SessionStream | None = None
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
-        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length)
+        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size)
         self._plain = (self.decoder.drafter, self.decoder.policy)
         self._spec = None  # (drafter, policy), built when drafting is first turned on
         self._draft_on = False
