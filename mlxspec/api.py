@@ -40,21 +40,42 @@ class Result:
     stats: GenerationStats
 
 
+class ChatTemplateError(MlxspecError):
+    """The model's chat template raised (raise_exception(...), a Jinja sandbox
+    SecurityError, a bug in the template): nothing was generated."""
+
+
+def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool):
+    """`tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, with
+    whatever the template raises (it is code that came with the model) turned
+    into a one-line ChatTemplateError."""
+    try:
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=tokenize)
+    except Exception as e:
+        msg = " ".join(str(e).split())
+        if type(e).__name__ == "TemplateError" and msg:  # raise_exception("...") in the template: its own words
+            detail = f": {msg}"
+        else:
+            detail = f" ({type(e).__name__}{': ' + msg if msg else ''})"
+        raise ChatTemplateError(f"the chat template cannot render this conversation{detail}") from e
+    if tokenize:
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+    return out
+
+
 def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None) -> list[int]:
     """A str (raw text, or chat-templated if chat_template=True), a list of chat
     messages ({"role", "content"} dicts, always templated), or token ids (ints,
     0 <= id < `vocab_size` when given: see token_ids.py)."""
     if isinstance(prompt, str):
         if chat_template and getattr(tokenizer, "chat_template", None):
-            return list(tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True))
+            return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], tokenize=True)
         bos = getattr(tokenizer, "bos_token", None)
         return list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         if not getattr(tokenizer, "chat_template", None):
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
-        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return apply_chat_template(tokenizer, prompt, tokenize=True)
     if isinstance(prompt, (list, tuple)) and prompt:
         return validate_token_ids(prompt, vocab_size)
     raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .api import Chunk, GenerationStream, make_drafter, make_policy
+from .api import Chunk, GenerationStream, apply_chat_template, make_drafter, make_policy
 from .draft_length import FixedK
 from .drafters import Drafter
 from .errors import MlxspecError
@@ -463,10 +463,11 @@ class Session:
 
     # -- generation ---------------------------------------------------------
     def render(self, messages: list[dict]) -> str:
-        """The prompt text for `messages` (chat template, generation prompt added)."""
+        """The prompt text for `messages` (chat template, generation prompt added).
+        A template that raises gives a one-line `ChatTemplateError` (an MlxspecError)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return apply_chat_template(tok, messages, tokenize=False)
         # No chat template: a plain transcript the model can continue.
         bos = getattr(tok, "bos_token", None) or ""
         body = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
@@ -487,7 +488,9 @@ class Session:
                on_chunk: Callable[[Chunk], None] | None = None) -> SessionStream:
         """Start a reply to `text`; iterate the result for Chunks.  Raises
         MlxspecError if this session is already generating, ContextFullError if
-        the conversation no longer fits the context."""
+        the conversation no longer fits the context, ChatTemplateError if the
+        model's chat template refuses the conversation; each leaves the
+        conversation unchanged."""
         if not self._lock.acquire(blocking=False):
             raise MlxspecError("this session is already generating a reply: wait for it, or cancel() it first")
         # The turn's cancel flag exists from here on, before the prompt is prepared:

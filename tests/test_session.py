@@ -243,3 +243,32 @@ def test_cancel_right_after_send_starts_is_never_lost(long_context_model):
             lost.append((trial, round(delay * 1000, 2), reply.finish_reason, len(reply.tokens)))
             s.reset()  # the reply that ran on was kept: start the next trial from the same empty conversation
     assert not lost, f"{len(lost)} of 60 cancels lost (trial, ms, finish, tokens): {lost}"
+
+
+def test_chat_template_errors_refuse_the_turn_and_keep_the_conversation(tiny_pair_dirs, tmp_path):
+    import tiny_models
+
+    strict = tiny_models.copy_with_chat_template(tiny_pair_dirs[0], tmp_path / "strict", tiny_models.STRICT_CHATML)
+    pair = mlxspec.load(strict)
+    s = Session(pair, max_tokens=5)
+    s.send("hello")
+    messages, tokens = [dict(m) for m in s.messages], s.tokens
+
+    def refused(call, message):
+        with pytest.raises(MlxspecError) as e:
+            call()
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert s.messages == messages and s.tokens == tokens and not s.generating
+
+    s.system = "talk like a pirate"
+    refused(lambda: s.send("again"), "chat template cannot render this conversation: System role not supported")
+    refused(lambda: s.stream("again"), "System role not supported")
+    s.system = None
+    refused(lambda: s.send("peek"), "SecurityError")
+    # the conversation goes on, and saves
+    assert s.send("and again").tokens and len(s.messages) == 4
+    back = Session.load(s.save(tmp_path / "conv.json"), pair)
+    assert back.messages == s.messages
+    # the API says the same
+    with pytest.raises(MlxspecError, match="System role not supported"):
+        mlxspec.generate(pair, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}], max_tokens=2)
