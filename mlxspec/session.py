@@ -52,11 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -66,11 +62,10 @@ from .draft_length import FixedK
 from .drafters import Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
+from .session_file import load_session, session_to_dict, write_session_file
 from .speculative import SpeculativeDecoder
 from .stats import GenerationStats
 
-SAVE_FORMAT = "mlxspec.session"
-SAVE_VERSION = 1
 CONTEXT_WARN_FRACTION = 0.85  # near_context_limit once the conversation uses this much of the context
 
 
@@ -546,74 +541,19 @@ class Session:
         finally:
             self._lock.release()
 
-    # -- persistence --------------------------------------------------------
+    # -- persistence (the file format and its checks: session_file.py) -------
     def to_dict(self) -> dict:
-        return {
-            "format": SAVE_FORMAT,
-            "version": SAVE_VERSION,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": str(self.pair.target_path),
-            "draft_model": str(self.pair.draft_path) if self.pair.draft_path else None,
-            "system": self._system,
-            "messages": self.conversation(),
-            "settings": {
-                "sampling": self._params.to_dict(),
-                "max_tokens": self.max_tokens,
-                "draft": self._draft_on,
-                "num_draft": self._num_draft,
-                "p_min": self._p_min,
-                "on_cancel": self.on_cancel,
-            },
-            "tokens": list(self._tokens),
-            "token_text": self._token_text,
-            "stats": self.stats.to_dict(),
-        }
+        return session_to_dict(self)
 
     def save(self, path) -> Path:
         """Write the conversation, settings, token history and stats as JSON."""
         with self._exclusive("save"):
             data = self.to_dict()
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, ensure_ascii=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return path
+        return write_session_file(path, data)
 
     @classmethod
     def load(cls, path, pair=None, **overrides) -> "Session":
         """A session restored from `save()`.  Without `pair`, the saved model paths
-        are loaded.  `overrides` are Session keyword arguments (e.g. draft=False)."""
-        try:
-            data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-            if data.get("format") != SAVE_FORMAT:
-                raise ValueError("not an mlxspec session file")
-            settings = data.get("settings", {})
-            messages = data["messages"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MlxspecError(f"cannot read the session file {path}: {e}") from e
-        if pair is None:
-            from .loading import load
-
-            pair = load(data["model"], data.get("draft_model"))
-        kw = dict(system=data.get("system"), max_tokens=settings.get("max_tokens", 512),
-                  num_draft=settings.get("num_draft"), p_min=settings.get("p_min", 0.0),
-                  on_cancel=settings.get("on_cancel", "keep"), sampling=SamplingParams(**settings.get("sampling", {})))
-        if pair.draft is not None:
-            kw["draft"] = settings.get("draft", True)
-        kw.update(overrides)
-        s = cls(pair, **kw)
-        s.messages = [{"role": m["role"], "content": m["content"]} for m in messages if m.get("role") != "system"]
-        if str(pair.target_path) == data.get("model") and isinstance(data.get("tokens"), list):
-            s._tokens = [int(t) for t in data["tokens"]]
-            s._token_text = data.get("token_text", "")
-        return s
+        are loaded.  `overrides` are Session keyword arguments (e.g. draft=False).
+        Every field is checked: a bad file is a one-line MlxspecError naming it."""
+        return load_session(cls, path, pair, **overrides)
