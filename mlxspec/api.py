@@ -22,6 +22,7 @@ from .errors import MlxspecError
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
+from .token_ids import validate_token_ids
 from .untrusted import printable
 
 
@@ -39,22 +40,44 @@ class Result:
     stats: GenerationStats
 
 
-def encode_prompt(tokenizer, prompt, chat_template: bool | None = None) -> list[int]:
+class ChatTemplateError(MlxspecError):
+    """The model's chat template raised (raise_exception(...), a Jinja sandbox
+    SecurityError, a bug in the template): nothing was generated."""
+
+
+def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool):
+    """`tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, with
+    whatever the template raises (it is code that came with the model) turned
+    into a one-line ChatTemplateError."""
+    try:
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=tokenize)
+    except Exception as e:
+        msg = " ".join(str(e).split())
+        if type(e).__name__ == "TemplateError" and msg:  # raise_exception("...") in the template: its own words
+            detail = f": {msg}"
+        else:
+            detail = f" ({type(e).__name__}{': ' + msg if msg else ''})"
+        raise ChatTemplateError(f"the chat template cannot render this conversation{detail}") from e
+    if tokenize:
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+    return out
+
+
+def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None) -> list[int]:
     """A str (raw text, or chat-templated if chat_template=True), a list of chat
-    messages ({"role", "content"} dicts, always templated), or token ids."""
+    messages ({"role", "content"} dicts, always templated), or token ids (ints,
+    0 <= id < `vocab_size` when given: see token_ids.py)."""
     if isinstance(prompt, str):
         if chat_template and getattr(tokenizer, "chat_template", None):
-            return list(tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True))
+            return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], tokenize=True)
         bos = getattr(tokenizer, "bos_token", None)
         return list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         if not getattr(tokenizer, "chat_template", None):
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
-        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt) and prompt:
-        return list(prompt)
+        return apply_chat_template(tokenizer, prompt, tokenize=True)
+    if isinstance(prompt, (list, tuple)) and prompt:
+        return validate_token_ids(prompt, vocab_size)
     raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")
 
 
@@ -150,7 +173,8 @@ def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draf
                  num_draft_max=None, cost=None) -> SpeculativeDecoder:
     d = make_drafter(pair, drafter, p_min, draft_vocab)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
-    return SpeculativeDecoder(pair.target, d, policy, pair.context_length, _target_name(pair))
+    return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
+                              _target_name(pair))
 
 
 def _target_name(pair) -> str:
@@ -174,6 +198,7 @@ class GenerationStream:
         self.text = ""
         self._tokenizer = tokenizer
         check_context(history, decoder.context_length)
+        decoder.check_tokens(history)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
         self._it = self._run()
@@ -218,7 +243,7 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     params = _params(**sampling)
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
                                       num_draft_max=num_draft_max)
-    history = encode_prompt(pair.tokenizer, prompt, chat_template)
+    history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

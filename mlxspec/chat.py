@@ -78,6 +78,7 @@ class Chat:
 
     # -- one reply ----------------------------------------------------------
     def reply(self, text: str):
+        from .api import ChatTemplateError
         from .session import ContextFullError
 
         s = self.session
@@ -85,6 +86,9 @@ class Chat:
             stream = s.stream(text)
         except ContextFullError as e:
             out(f"[{e}; use /reset]")
+            return
+        except ChatTemplateError as e:  # the conversation is kept: /system, /reset or /save can follow
+            out(f"[error: {e}; the message was not sent]")
             return
         interrupted = []
 

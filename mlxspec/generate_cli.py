@@ -40,7 +40,7 @@ def draft_options(f):
     """--num-draft/--num-draft-max/--drafter/--draft-p-min/--draft-vocab, shared by generate and chat."""
     f = click.option("--draft-vocab", default=None, callback=lambda c, p, v: parse_draft_vocab(v),
                      help="Tokens the draft's head scores: the N most frequent (FR-Spec; default "
-                          "32768 when the vocabulary is larger), or 'full'.")(f)
+                          "65536 when the vocabulary is larger), or 'full'.")(f)
     f = click.option("--draft-p-min", type=float, default=0.0,
                      help="Stop drafting when the draft's probability of its token is below this.")(f)
     f = click.option("--drafter", default=None,

@@ -45,6 +45,18 @@ class Pair:
         return min(lengths) if lengths else None
 
     @property
+    def vocab_size(self) -> int | None:
+        """Token ids every loaded model can embed (0 <= id < vocab_size): the
+        smallest embedding table, padding rows included (compat.py makes sure
+        every tokenizer id has a row in both)."""
+        from .token_ids import model_vocab_rows, vocab_rows
+
+        sizes = [model_vocab_rows(self.target) or _embedding_rows(self.target_config or {})]
+        if self.draft is not None:
+            sizes.append(model_vocab_rows(self.draft) or _embedding_rows(self.draft_config or {}))
+        return vocab_rows(*sizes)
+
+    @property
     def eos_token_ids(self) -> set:
         return set(self.tokenizer.eos_token_ids)
 

@@ -25,8 +25,11 @@ Design:
 * Draft on/off swaps the decoder's drafter and policy; the target cache is
   shared, so toggling never re-processes the conversation on the target (the
   draft model catches up on what it missed when it is turned back on).
-* `cancel()` (any thread) sets a flag the decoder checks before each
-  draft/verify round, so the stream ends after at most the round in progress.
+* `cancel()` (any thread) sets the turn's cancel flag, which the decoder checks
+  between prefill chunks and before each draft/verify round, so the stream ends
+  after at most the round in progress.  The flag is created the moment a turn
+  takes the session (before the template is rendered or anything tokenized), so
+  a cancel that arrives while the prompt is being prepared is not lost.
   An interrupted reply is KEPT in the conversation by default (as LM Studio and
   most chat UIs do: what the user saw stays); `Session(on_cancel="drop")`
   removes the whole turn (user message and partial reply) instead.  Either way
@@ -49,25 +52,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .api import Chunk, GenerationStream, make_drafter, make_policy
+from .api import Chunk, GenerationStream, apply_chat_template, make_drafter, make_policy
 from .draft_length import FixedK
 from .drafters import Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
+from .session_file import load_session, session_to_dict, write_session_file
 from .speculative import SpeculativeDecoder
 from .stats import GenerationStats
 
-SAVE_FORMAT = "mlxspec.session"
-SAVE_VERSION = 1
 CONTEXT_WARN_FRACTION = 0.85  # near_context_limit once the conversation uses this much of the context
 
 
@@ -277,6 +275,7 @@ class SessionStream:
                 s._commit_turn(self, text, stats)
         finally:
             s._active = None
+            s._turn_cancel = None
             s._lock.release()
 
 
@@ -306,7 +305,8 @@ class Session:
         self._p_min = p_min
         self._lock = threading.Lock()
         self._active: SessionStream | None = None
-        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length)
+        self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
+        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size)
         self._plain = (self.decoder.drafter, self.decoder.policy)
         self._spec = None  # (drafter, policy), built when drafting is first turned on
         self._draft_on = False
@@ -402,7 +402,7 @@ class Session:
     # -- conversation --------------------------------------------------------
     @property
     def generating(self) -> bool:
-        return self._active is not None
+        return self._turn_cancel is not None
 
     def conversation(self) -> list[dict]:
         """The messages as the chat template sees them (system prompt first)."""
@@ -450,18 +450,19 @@ class Session:
     def cancel(self) -> bool:
         """Stop the reply in progress after the current draft/verify round.  Safe
         from any thread; returns False when nothing is being generated."""
-        active = self._active
-        if active is None:
+        flag = self._turn_cancel  # one read: a turn that ends meanwhile just ignores the set
+        if flag is None:
             return False
-        active.cancel()
+        flag.set()
         return True
 
     # -- generation ---------------------------------------------------------
     def render(self, messages: list[dict]) -> str:
-        """The prompt text for `messages` (chat template, generation prompt added)."""
+        """The prompt text for `messages` (chat template, generation prompt added).
+        A template that raises gives a one-line `ChatTemplateError` (an MlxspecError)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return apply_chat_template(tok, messages, tokenize=False)
         # No chat template: a plain transcript the model can continue.
         bos = getattr(tok, "bos_token", None) or ""
         body = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
@@ -482,9 +483,14 @@ class Session:
                on_chunk: Callable[[Chunk], None] | None = None) -> SessionStream:
         """Start a reply to `text`; iterate the result for Chunks.  Raises
         MlxspecError if this session is already generating, ContextFullError if
-        the conversation no longer fits the context."""
+        the conversation no longer fits the context, ChatTemplateError if the
+        model's chat template refuses the conversation; each leaves the
+        conversation unchanged."""
         if not self._lock.acquire(blocking=False):
             raise MlxspecError("this session is already generating a reply: wait for it, or cancel() it first")
+        # The turn's cancel flag exists from here on, before the prompt is prepared:
+        # cancel() from now on ends this reply, however early it comes.
+        cancel_event = self._turn_cancel = threading.Event()
         try:
             max_tokens = self.max_tokens if max_tokens is None else max_tokens
             if max_tokens < 1:
@@ -495,13 +501,13 @@ class Session:
                 raise ContextFullError(
                     f"the conversation ({len(history)} tokens with this message) fills the model's context "
                     f"({limit} tokens): reset the session to start over")
-            cancel_event = threading.Event()
             gen = GenerationStream(self.decoder, self.tokenizer, history, self._params, max_tokens,
                                    should_stop=cancel_event.is_set, eos_token_ids=self.eos_token_ids)
             s = SessionStream(self, text, prompt_text, history, gen, cancel_event, on_chunk)
             self._active = s
             return s
         except BaseException:
+            self._turn_cancel = None
             self._lock.release()
             raise
 
@@ -535,74 +541,19 @@ class Session:
         finally:
             self._lock.release()
 
-    # -- persistence --------------------------------------------------------
+    # -- persistence (the file format and its checks: session_file.py) -------
     def to_dict(self) -> dict:
-        return {
-            "format": SAVE_FORMAT,
-            "version": SAVE_VERSION,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": str(self.pair.target_path),
-            "draft_model": str(self.pair.draft_path) if self.pair.draft_path else None,
-            "system": self._system,
-            "messages": self.conversation(),
-            "settings": {
-                "sampling": self._params.to_dict(),
-                "max_tokens": self.max_tokens,
-                "draft": self._draft_on,
-                "num_draft": self._num_draft,
-                "p_min": self._p_min,
-                "on_cancel": self.on_cancel,
-            },
-            "tokens": list(self._tokens),
-            "token_text": self._token_text,
-            "stats": self.stats.to_dict(),
-        }
+        return session_to_dict(self)
 
     def save(self, path) -> Path:
         """Write the conversation, settings, token history and stats as JSON."""
         with self._exclusive("save"):
             data = self.to_dict()
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, ensure_ascii=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return path
+        return write_session_file(path, data)
 
     @classmethod
     def load(cls, path, pair=None, **overrides) -> "Session":
         """A session restored from `save()`.  Without `pair`, the saved model paths
-        are loaded.  `overrides` are Session keyword arguments (e.g. draft=False)."""
-        try:
-            data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-            if data.get("format") != SAVE_FORMAT:
-                raise ValueError("not an mlxspec session file")
-            settings = data.get("settings", {})
-            messages = data["messages"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MlxspecError(f"cannot read the session file {path}: {e}") from e
-        if pair is None:
-            from .loading import load
-
-            pair = load(data["model"], data.get("draft_model"))
-        kw = dict(system=data.get("system"), max_tokens=settings.get("max_tokens", 512),
-                  num_draft=settings.get("num_draft"), p_min=settings.get("p_min", 0.0),
-                  on_cancel=settings.get("on_cancel", "keep"), sampling=SamplingParams(**settings.get("sampling", {})))
-        if pair.draft is not None:
-            kw["draft"] = settings.get("draft", True)
-        kw.update(overrides)
-        s = cls(pair, **kw)
-        s.messages = [{"role": m["role"], "content": m["content"]} for m in messages if m.get("role") != "system"]
-        if str(pair.target_path) == data.get("model") and isinstance(data.get("tokens"), list):
-            s._tokens = [int(t) for t in data["tokens"]]
-            s._token_text = data.get("token_text", "")
-        return s
+        are loaded.  `overrides` are Session keyword arguments (e.g. draft=False).
+        Every field is checked: a bad file is a one-line MlxspecError naming it."""
+        return load_session(cls, path, pair, **overrides)

@@ -30,6 +30,7 @@ from .drafters import EMPTY, Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
 from .stats import GenerationStats
+from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 
 DEFAULT_NUM_DRAFT = 4
 
@@ -46,8 +47,12 @@ class SpeculativeDecoder:
     across generations: the caches keep whatever prefix the next history shares."""
 
     def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
-                 context_length: int | None = None, target_name: str = "the target model"):
+                 context_length: int | None = None, vocab_size: int | None = None,
+                 target_name: str = "the target model"):
+        """`vocab_size`: ids the caller's models can all embed (`Pair.vocab_size`);
+        the decoder also never accepts more than its target and drafter embed."""
         self.target = ModelState(target_model)
+        self.vocab_size = vocab_size
         self.target_name = target_name
         self.drafter = drafter or Drafter()
         if policy is None:
@@ -58,6 +63,18 @@ class SpeculativeDecoder:
     def reset(self):
         self.target.reset()
         self.drafter.reset()
+
+    @property
+    def token_limit(self) -> int | None:
+        """Token ids must be below this: every model involved has an embedding row for them."""
+        draft_model = getattr(getattr(self.drafter, "state", None), "model", None)
+        return vocab_rows(self.vocab_size, model_vocab_rows(self.target.model),
+                          model_vocab_rows(draft_model) if draft_model is not None else None)
+
+    def check_tokens(self, history: list[int], what: str = "prompt"):
+        """A one-line MlxspecError for an id no model here can embed (MLX would
+        read past the embedding table: a crash, or garbage)."""
+        validate_token_ids(history, self.token_limit, what)
 
     def generate(self, history: list[int], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
@@ -71,6 +88,7 @@ class SpeculativeDecoder:
         eos = set(eos_token_ids)
         limit = self.context_length
         check_context(history, limit)
+        self.check_tokens(history)
         key = None if params.greedy else new_key(params.seed)
 
         t0 = time.perf_counter()

@@ -139,3 +139,101 @@ def test_padding_tolerated_other_rules_enforced():
     assert not r.ok and "token 17" in r.reason
     r = check_tokenizers(base, tiny_models.make_tokenizer(300, eos="<|im_end|>"))
     assert not r.ok and "EOS" in r.reason
+
+
+# -- untrusted token ids ----------------------------------------------------------
+
+# Runs in a child process: an id past the embedding table used to kill the process
+# (SIGSEGV, rc 139) rather than raise, and a negative one raised std::bad_cast.
+BAD_IDS_SCRIPT = r"""
+import json, sys
+import mlxspec
+from mlxspec.speculative import SpeculativeDecoder
+
+pair = mlxspec.load(*sys.argv[2:])
+def attempt(label, run):
+    try:
+        run()
+        print(label, "OK", flush=True)
+    except Exception as e:
+        print(label, type(e).__name__, str(e).replace("\n", " | "), flush=True)
+for ids in json.loads(sys.argv[1]):
+    attempt("generate", lambda: mlxspec.generate(pair, ids, max_tokens=2))
+    attempt("stream", lambda: list(mlxspec.stream_generate(pair, ids, max_tokens=2, drafter="none")))
+    attempt("decoder", lambda: list(mlxspec.make_decoder(pair).generate(list(ids), max_tokens=2)))
+    attempt("bare-decoder", lambda: list(SpeculativeDecoder(pair.target).generate(list(ids), max_tokens=2)))
+print("survived", flush=True)
+"""
+
+
+def run_bad_ids(id_lists, *models):
+    r = subprocess.run([sys.executable, "-c", BAD_IDS_SCRIPT, json.dumps(id_lists), *map(str, models)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("survived"), (r.returncode, r.stdout, r.stderr[-2000:])
+    lines = r.stdout.splitlines()[:-1]
+    assert len(lines) == 4 * len(id_lists)
+    return [lines[i:i + 4] for i in range(0, len(lines), 4)]
+
+
+def assert_refused(results, message):
+    for line in results:
+        assert line.split(" ", 2)[1:] == ["MlxspecError", message], line
+
+
+def test_out_of_range_token_ids_are_refused_not_a_crash(tiny_pair_dirs):
+    t, d = tiny_pair_dirs
+    cases = [[5, 5000], [-1], [4_000_000], [5, 6, 300], [5, 299]]
+    res = run_bad_ids(cases, t, d)
+    assert_refused(res[0], "prompt: token id 5000 at position 1 is out of range for this model's vocabulary (0..299)")
+    assert_refused(res[1], "prompt: token id -1 at position 0 is out of range for this model's vocabulary (0..299)")
+    assert_refused(res[2], "prompt: token id 4000000 at position 0 is out of range for this model's vocabulary (0..299)")
+    assert_refused(res[3], "prompt: token id 300 at position 2 is out of range for this model's vocabulary (0..299)")
+    assert all(line.endswith(" OK") for line in res[4])  # the last row is fine
+
+
+def test_padded_vocabularies_take_the_smaller_table(tmp_path):
+    """compat.py allows embedding tables padded past the tokenizer: an id must have
+    a row in the target AND the draft (here the draft has 428 rows, the target 300,
+    and the other way round)."""
+    small = tiny_models.save_model_dir(tmp_path / "small", "qwen2", vocab_size=300)
+    padded = tiny_models.save_model_dir(tmp_path / "padded", "qwen2", vocab_size=428, tokenizer_vocab=300)
+    message = "prompt: token id 350 at position 1 is out of range for this model's vocabulary (0..299)"
+    # the draft, past its table, would crash the process (a bare decoder on the
+    # padded target alone, with no draft, may use the id)
+    res = run_bad_ids([[5, 350]], padded, small)[0]
+    assert_refused(res[:3], message)
+    assert res[3] == "bare-decoder OK"
+    for models in ((small, padded), (padded, small)):
+        pair = mlxspec.load(*models)
+        assert pair.vocab_size == 300
+        with pytest.raises(mlxspec.MlxspecError) as e:
+            mlxspec.generate(pair, [5, 350], max_tokens=2)
+        assert str(e.value) == message
+    assert mlxspec.load(padded, no_draft=True).vocab_size == 428
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([5, 1.5], "prompt: the token id at position 1 must be an integer, got float 1.5"),
+    ([5, 6.0], "prompt: the token id at position 1 must be an integer, got float 6.0"),
+    ([True, 5], "prompt: the token id at position 0 must be an integer, got bool True"),
+    ([5, "7"], "prompt: the token id at position 1 must be an integer, got str '7'"),
+], ids=["float", "whole-float", "bool", "str"])
+def test_token_ids_must_be_ints(tiny_pair, ids, message):
+    for run in (lambda: mlxspec.generate(tiny_pair, ids, max_tokens=2),
+                lambda: mlxspec.stream_generate(tiny_pair, ids, max_tokens=2)):
+        with pytest.raises(mlxspec.MlxspecError) as e:
+            run()
+        assert str(e.value) == message
+
+
+@pytest.mark.real
+def test_out_of_range_token_ids_on_smollm2():
+    from mlxspec import weights
+
+    if not weights.is_present("smollm2-135m"):
+        pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2)")
+    res = run_bad_ids([[1, 4_000_000], [-1, 1], [1, 49152], [1, 49151]], "smollm2-135m")
+    assert_refused(res[0], "prompt: token id 4000000 at position 1 is out of range for this model's vocabulary (0..49151)")
+    assert_refused(res[1], "prompt: token id -1 at position 0 is out of range for this model's vocabulary (0..49151)")
+    assert_refused(res[2], "prompt: token id 49152 at position 1 is out of range for this model's vocabulary (0..49151)")
+    assert all(line.endswith(" OK") for line in res[3])

@@ -174,8 +174,14 @@ def test_chat_in_a_pty(chatty_pair_dirs, tmp_path):
         p.expect(r"turns: 4 \(1 interrupted\)")
         p.expect(PROMPT)
 
-        # Ctrl-C at the prompt does not quit; Ctrl-D does, with status 0
-        p.send("half a line\x03")
+        # Ctrl-C at the prompt does not quit; Ctrl-D does, with status 0.  The Ctrl-C
+        # waits until the line is echoed and a moment more: a SIGINT that lands while
+        # input() is still setting up readline (before its select()) is only seen
+        # at the next keystroke -- CPython's readline, not the chat.
+        p.send("half a line")
+        p.expect(r"half a line")
+        time.sleep(0.3)
+        p.send("\x03")
         p.expect(r"use /quit or Ctrl-D")
         p.expect(PROMPT)
         p.send("\x04")
@@ -199,3 +205,45 @@ def test_chat_piped_with_a_pair_folder(chatty_pair_dirs, tmp_path):
     assert "\x1b[" not in r.stdout  # no colours when not asked and not a terminal
     data = json.loads(save.read_text())
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+
+
+def test_chat_template_error_refuses_the_turn_and_the_chat_goes_on(chatty_pair_dirs, tmp_path):
+    """A template that raises (raise_exception for a system message, a Jinja sandbox
+    SecurityError) refuses that turn with a one-line message; the conversation
+    stays, the next turn works and /save writes it."""
+    strict = tiny_models.copy_with_chat_template(chatty_pair_dirs[0], tmp_path / "strict", tiny_models.STRICT_CHATML)
+    save = tmp_path / "conv.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "dumb", "MLXSPEC_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "mlxspec.cli", "chat", "--model", str(strict), "--no-draft", "--max-tokens", "4"]
+    p = Pty(argv, env)
+    try:
+        p.expect(PROMPT)
+        p.send("hello\n")
+        p.expect(SUMMARY)
+        p.expect(PROMPT)
+        p.send("/system talk like a pirate\n")
+        p.expect(r"\[system prompt set\]")
+        p.expect(PROMPT)
+        p.send("ahoy\n")
+        p.expect(r"\[error: the chat template cannot render this conversation: System role not supported; "
+                 r"the message was not sent\]\r?\n")
+        p.expect(PROMPT)
+        p.send("/system -\n")
+        p.expect(r"\[system prompt cleared\]")
+        p.expect(PROMPT)
+        p.send("peek\n")
+        p.expect(r"\[error: the chat template cannot render this conversation \(SecurityError: [^\r\n]*\]\r?\n")
+        p.expect(PROMPT)
+        p.send("still there?\n")
+        p.expect(SUMMARY)
+        p.expect(PROMPT)
+        p.send(f"/save {save}\n")
+        p.expect(r"\[saved 4 messages to ")
+        p.expect(PROMPT)
+        p.send("\x04")
+        assert p.wait() == 0
+        assert b"Traceback" not in p.buf
+    finally:
+        p.kill()
+    data = json.loads(save.read_text())
+    assert [m["content"] for m in data["messages"] if m["role"] == "user"] == ["hello", "still there?"]

@@ -201,3 +201,74 @@ def test_save_json(tiny_pair, tmp_path):
     assert data["stats"]["turns"] == 2 and data["tokens"] == s.tokens
     back = Session.load(path, tiny_pair)
     assert back.conversation() == s.conversation() and back.tokens == s.tokens and back.temp == 0.7
+
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory):
+    """A tiny target (no draft) with room for prompts of many thousand tokens."""
+    import tiny_models
+
+    path = tiny_models.save_model_dir(tmp_path_factory.mktemp("long") / "m", "qwen2", max_pos=32768)
+    return mlxspec.load(path)
+
+
+def test_cancel_right_after_send_starts_is_never_lost(long_context_model):
+    """A cancel() that arrives while the prompt is still being prepared (template,
+    tokenising: a long message takes milliseconds) must still end that reply:
+    60 trials, cancel issued 0-10 ms after send() started."""
+    import random
+    import time
+
+    s = Session(long_context_model, max_tokens=40, on_cancel="drop")
+    s.eos_token_ids = set()  # nothing but the cancel (or max tokens) ends a reply
+    message = ("tell me a story about tokens " * 600)[:16000]
+    rng = random.Random(0)
+    lost = []
+    for trial in range(60):
+        delay = rng.uniform(0.0, 0.010)
+        go = threading.Event()
+
+        def cancel_later():
+            go.wait()
+            time.sleep(delay)
+            s.cancel()
+
+        t = threading.Thread(target=cancel_later)
+        t.start()
+        go.set()
+        reply = s.send(message)  # "send started" = the moment go was set
+        t.join(10)
+        if reply.finish_reason != "cancelled" or len(reply.tokens) >= 40:
+            lost.append((trial, round(delay * 1000, 2), reply.finish_reason, len(reply.tokens)))
+            s.reset()  # the reply that ran on was kept: start the next trial from the same empty conversation
+    assert not lost, f"{len(lost)} of 60 cancels lost (trial, ms, finish, tokens): {lost}"
+
+
+def test_chat_template_errors_refuse_the_turn_and_keep_the_conversation(tiny_pair_dirs, tmp_path):
+    import tiny_models
+
+    strict = tiny_models.copy_with_chat_template(tiny_pair_dirs[0], tmp_path / "strict", tiny_models.STRICT_CHATML)
+    pair = mlxspec.load(strict)
+    s = Session(pair, max_tokens=5)
+    s.send("hello")
+    messages, tokens = [dict(m) for m in s.messages], s.tokens
+
+    def refused(call, message):
+        with pytest.raises(MlxspecError) as e:
+            call()
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert s.messages == messages and s.tokens == tokens and not s.generating
+
+    s.system = "talk like a pirate"
+    refused(lambda: s.send("again"), "chat template cannot render this conversation: System role not supported")
+    refused(lambda: s.stream("again"), "System role not supported")
+    s.system = None
+    refused(lambda: s.send("peek"), "SecurityError")
+    # the conversation goes on, and saves
+    assert s.send("and again").tokens and len(s.messages) == 4
+    back = Session.load(s.save(tmp_path / "conv.json"), pair)
+    assert back.messages == s.messages
+    # the API says the same
+    with pytest.raises(MlxspecError, match="System role not supported"):
+        mlxspec.generate(pair, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}], max_tokens=2)

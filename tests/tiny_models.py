@@ -158,3 +158,30 @@ def save_model_dir(path, arch="llama", vocab_size=DEFAULT_VOCAB, seed=0, model=N
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     make_tokenizer(tokenizer_vocab or vocab_size, eos=eos, rename=rename).save_pretrained(str(path))
     return path
+
+
+def copy_with_chat_template(src, dst, template: str):
+    """A copy of model folder `src` at `dst` whose tokenizer_config.json carries
+    `template` as its chat template (as many Hub models do)."""
+    import shutil
+
+    dst = Path(dst)
+    shutil.copytree(src, dst)
+    (dst / "chat_template.jinja").unlink(missing_ok=True)
+    cfg_path = dst / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+# A ChatML template that refuses a system message, the way Gemma's and Mistral's
+# templates do (raise_exception), and trips the Jinja sandbox (SecurityError) on
+# a user message that says "peek".
+STRICT_CHATML = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% if m['content'] == 'peek' %}{{ m.__class__() }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
