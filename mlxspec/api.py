@@ -87,28 +87,30 @@ def parameter_count(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
-def _embedding_rows(model) -> int:
-    inner = getattr(model, "model", model)
-    return int(inner.embed_tokens.weight.shape[0])
-
-
 def make_subset(pair, size) -> object | None:
     """The draft's pruned head (vocab_subset.py) for `size`: an int N, 'full'/0 (off)
-    or None (the default N, when the vocabulary is larger than it)."""
+    or None (the default N, when the vocabulary is larger than it and the model's
+    head can be pruned; otherwise the full head)."""
     from . import vocab_subset
+    from .token_ids import model_vocab_rows
 
     if size in ("full", 0):
         return None
     n = vocab_subset.DEFAULT_SIZE if size is None else int(size)
-    rows = _embedding_rows(pair.draft)
-    if n >= rows:
+    rows = model_vocab_rows(pair.draft)
+    if rows is None or n >= rows:
         return None
-    pair_dir = getattr(pair, "pair_dir", None)
-    ranked = vocab_subset.ranked_tokens(pair.tokenizer, pair_dir, say=_say)
-    specials = (list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
-                + vocab_subset.template_tokens(pair.tokenizer))
-    ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows], rows)
-    return vocab_subset.SubsetHead(pair.draft, ids, rows)
+    try:
+        pair_dir = getattr(pair, "pair_dir", None)
+        ranked = vocab_subset.ranked_tokens(pair.tokenizer, pair_dir, say=_say)
+        specials = (list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
+                    + vocab_subset.template_tokens(pair.tokenizer))
+        ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows], rows)
+        return vocab_subset.SubsetHead(pair.draft, ids, rows)
+    except MlxspecError:
+        if size is None:  # the default: a model whose head cannot be pruned keeps its full head
+            return None
+        raise
 
 
 def _say(msg: str) -> None:

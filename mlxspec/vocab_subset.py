@@ -258,6 +258,10 @@ class SubsetHead:
         else:
             raise MlxspecError(f"cannot prune the head of {type(model).__module__}: no lm_head or tied "
                                "embed_tokens; use --draft-vocab full")
+        width = self.model(mx.array([[0]])).shape[-1]  # the model's own forward must use the pruned rows
+        if width != self.size:
+            raise MlxspecError(f"cannot prune the head of {type(model).__module__}: its forward does not go "
+                               "through lm_head / embed_tokens.as_linear; use --draft-vocab full")
 
     def scatter(self, logits: mx.array) -> mx.array:
         """(T, N) subset logits -> (T, V) with -inf outside the subset."""

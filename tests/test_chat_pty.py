@@ -2,6 +2,7 @@
 slash commands, Ctrl-C mid-reply and at the prompt, Ctrl-D to leave."""
 
 import json
+import shutil
 import os
 import pty
 import re
@@ -195,7 +196,9 @@ def test_chat_piped_with_a_pair_folder(chatty_pair_dirs, tmp_path):
     t, d = chatty_pair_dirs
     pair = tmp_path / "pair"
     pair.mkdir()
-    (pair / "pair.json").write_text(json.dumps({"target": {"path": str(t)}, "draft": {"path": str(d)}}))
+    shutil.copytree(t, pair / "target")  # a pair folder holds its models (paths outside it are refused)
+    shutil.copytree(d, pair / "draft")
+    (pair / "pair.json").write_text(json.dumps({"target": {"path": "target"}, "draft": {"path": "draft"}}))
     save = tmp_path / "conv.json"
     r = subprocess.run([sys.executable, "-m", "mlxspec.cli", "chat", "--pair", str(pair), "--max-tokens", "4"],
                        input=f"hi\n/nope\n/save {save}\n", capture_output=True, text=True, timeout=120,

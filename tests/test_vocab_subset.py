@@ -124,13 +124,15 @@ def test_smollm2_with_the_default_pruned_head_equals_plain_greedy(smollm2_pair):
     pair = smollm2_pair
     prompt = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
     plain = mlxspec.generate(pair, prompt, max_tokens=40, drafter="none")
-    for vocab in (None, 4096):  # the default (32768 of 49152) and a small subset that misses more
+    for vocab in (16384, 4096):  # a third of the 49152-token vocabulary, and a small subset that misses more
         res = mlxspec.generate(pair, prompt, max_tokens=40, num_draft=4, draft_vocab=vocab)
         assert res.tokens == plain.tokens
         assert res.stats.draft_accepted > 0
-    d = mlxspec.api.make_drafter(pair, "model", draft_vocab=None)
-    assert d.subset is not None and d.subset.size == vocab_subset.DEFAULT_SIZE
+    d = mlxspec.api.make_drafter(pair, "model", draft_vocab=16384)
+    assert d.subset is not None and d.subset.size == 16384
     assert mlxspec.api.make_drafter(pair, "model", draft_vocab="full").subset is None
+    assert vocab_subset.DEFAULT_SIZE > 49152  # so by default SmolLM2's whole vocabulary is scored
+    assert mlxspec.api.make_drafter(pair, "model").subset is None
 
 
 @pytest.mark.real
