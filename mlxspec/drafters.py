@@ -80,6 +80,8 @@ class ModelDrafter(Drafter):
         self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}"
 
     def prefill(self, history, should_stop=None):
+        if self.subset is not None and self.subset.include(history):
+            self.state.model = self.subset.model  # the conversation's tokens can be drafted too
         self.state.prefill(history, should_stop)
 
     def reset(self):

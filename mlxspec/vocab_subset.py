@@ -244,24 +244,44 @@ class _Rows:
 
 
 class SubsetHead:
-    """A draft model whose output is the logits of the tokens `ids` only."""
+    """A draft model whose output is the logits of the tokens `ids` only.  `include`
+    widens the subset by the tokens of a conversation (its names and words are
+    likely to come back), so what the prompt says is never undraftable."""
 
     def __init__(self, model, ids: list[int], vocab_size: int):
-        self.ids = mx.array(ids, dtype=mx.uint32)
-        self.size, self.vocab_size = len(ids), vocab_size
+        self.base, self.vocab_size = model, vocab_size
         inner = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
         if head is not None and "weight" in head:
-            self.model = _View(model, lm_head=_Rows(head, self.ids, embedding=False))
+            self._kind = "lm_head"
         elif inner is not None and getattr(inner, "embed_tokens", None) is not None:
-            self.model = _View(model, model=_View(inner, embed_tokens=_Rows(inner.embed_tokens, self.ids, True)))
+            self._kind = "embed_tokens"
         else:
             raise MlxspecError(f"cannot prune the head of {type(model).__module__}: no lm_head or tied "
                                "embed_tokens; use --draft-vocab full")
+        self._build(sorted(set(ids)))
         width = self.model(mx.array([[0]])).shape[-1]  # the model's own forward must use the pruned rows
         if width != self.size:
             raise MlxspecError(f"cannot prune the head of {type(model).__module__}: its forward does not go "
                                "through lm_head / embed_tokens.as_linear; use --draft-vocab full")
+
+    def _build(self, ids: list[int]):
+        self._set = set(ids)
+        self.ids = mx.array(ids, dtype=mx.uint32)
+        self.size = len(ids)
+        model = self.base
+        if self._kind == "lm_head":
+            self.model = _View(model, lm_head=_Rows(model.lm_head, self.ids, embedding=False))
+        else:
+            inner = model.model
+            self.model = _View(model, model=_View(inner, embed_tokens=_Rows(inner.embed_tokens, self.ids, True)))
+
+    def include(self, tokens) -> bool:
+        """Add `tokens` to the subset; True when it changed (then `model` is a new view)."""
+        new = {t for t in tokens if 0 <= t < self.vocab_size} - self._set
+        if new:
+            self._build(sorted(self._set | new))
+        return bool(new)
 
     def scatter(self, logits: mx.array) -> mx.array:
         """(T, N) subset logits -> (T, V) with -inf outside the subset."""

@@ -153,3 +153,20 @@ def test_smollm2_pruned_head_sampling_matches_its_own_q(smollm2_pair):
         want = np.exp(np.array(process_logits(mx.array(masked), params)))
         np.testing.assert_allclose(np.array(prop.q[i:i + 1]), want, atol=1e-5)
         assert prop.tokens[i] in set(ids.tolist())
+
+
+def test_the_conversations_tokens_join_the_subset():
+    """Names in the prompt come back in the answer: prefill widens the subset by the
+    history's tokens, so they can be drafted (and q stays over the subset in use)."""
+    from mlxspec.drafters import ModelDrafter
+
+    cfg = tiny_models.config_for("llama")
+    model = tiny_models.build(cfg, seed=4, scale=2.0)
+    d = ModelDrafter(model, subset=SubsetHead(model, [0, 1, 2, 3], cfg["vocab_size"]))
+    history = [9, 250, 3, 9]
+    d.prefill(history)
+    assert set(np.array(d.subset.ids).tolist()) == {0, 1, 2, 3, 9, 250}
+    prop = d.propose(history, 2, SamplingParams(temp=1.0), mx.random.key(1))
+    assert set(prop.tokens) <= {0, 1, 2, 3, 9, 250}
+    q = np.array(prop.q)
+    assert np.allclose(q.sum(axis=-1), 1, atol=1e-5) and np.all(np.delete(q, [0, 1, 2, 3, 9, 250], axis=1) == 0)
