@@ -123,6 +123,9 @@ class ModelDrafter(Drafter):
             # drawn: a refusal that looked at the drawn token's own q(x) would bias the
             # proposals (rejection sampling needs x ~ q whenever a position is drafted).
             conf = float(mx.exp(lq).item())
+            if conf != conf:
+                raise MlxspecError("the draft model produced NaN logits: its weights are corrupt or overflow in "
+                                   "this dtype; re-convert or re-download it, or use --no-draft")
             if (self.p_min > 0 and conf < self.p_min) or not rnd.offer(conf):
                 break  # not worth verifying: sync() trims the extra position next round
             tokens.append(int(tok.item()))

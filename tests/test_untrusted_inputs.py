@@ -127,3 +127,39 @@ def test_drafter_names_come_from_the_registry_only(tmp_path, tiny_pair_dirs, nam
     line = assert_refused(res, f"unknown drafter {name!r}")
     for known in ("model", "lookup", "layerskip", "none"):
         assert known in line
+
+
+def _nan_model_dir(path, where):
+    """A tiny model folder whose weights yield NaN logits (a NaN in `where`)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    cfg = tm.config_for("llama")
+    model = tm.build(cfg, seed=2, scale=2.0)
+    flat = [(k, mx.full(v.shape, float("nan")) if k == where else v) for k, v in tree_flatten(model.parameters())]
+    model.update(tree_unflatten(flat))
+    return tm.save_model_dir(path, "llama", model=model)
+
+
+def test_nan_logits_are_a_one_line_error_naming_the_model(tmp_path):
+    """Before: empty text and finish reason "stop" (the argmax of NaNs happened to be EOS)."""
+
+
+    folder = _nan_model_dir(tmp_path / "nanny", "model.norm.weight")
+    r = run_cli(tmp_path, "generate", "--model", str(folder), "--no-draft", "-p", "hi", "-m", "5")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "NaN" in lines[0] and "nanny" in lines[0], r.stderr
+    pair = mlxspec.load(folder)
+    with pytest.raises(mlxspec.MlxspecError, match="NaN"):
+        mlxspec.generate(pair, [5, 6, 7], max_tokens=5)
+
+
+def test_a_nan_draft_is_a_one_line_error(tmp_path):
+
+
+    good = tm.save_model_dir(tmp_path / "good", "llama", model=tm.build(tm.config_for("llama"), seed=2, scale=2.0))
+    bad = _nan_model_dir(tmp_path / "bad", "model.norm.weight")
+    pair = mlxspec.load(good, bad)
+    with pytest.raises(mlxspec.MlxspecError, match="draft model produced NaN"):
+        mlxspec.generate(pair, [5, 6, 7], max_tokens=5, num_draft=3)
