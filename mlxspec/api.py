@@ -243,9 +243,9 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed."""
     params = _params(**sampling)
+    history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
                                       num_draft_max=num_draft_max)
-    history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

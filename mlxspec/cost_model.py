@@ -214,6 +214,9 @@ def save(key: str, cm: CostModel) -> None:
 
 
 def _vocab_rows(pair) -> int:
+    """Ids every model of the pair can embed (the synthetic context must stay inside both tables)."""
+    if getattr(pair, "vocab_size", None):
+        return int(pair.vocab_size)
     cfg = getattr(pair, "target_config", None) or {}
     return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 1000)
 

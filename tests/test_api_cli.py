@@ -78,10 +78,12 @@ def test_cli_stream_summary_and_no_draft(tiny_pair_dirs):
     r = run_cli("generate", "--model", str(t), "--draft", str(d), "-p", "hello", "-m", "10", "--num-draft", "3")
     assert r.returncode == 0, r.stderr
     assert "acceptance" in r.stderr and "tok/s" in r.stderr
-    # by default: this tiny draft costs as much as its target, so auto never drafts, and says so
+    # by default (auto): this tiny draft costs about as much as its target, so whether it drafts depends
+    # on this machine's calibration; either way the summary says what happened (the rule itself is
+    # tested on fixed costs in test_draft_length.py)
     r = run_cli("generate", "--model", str(t), "--draft", str(d), "-p", "hello", "-m", "10")
     assert r.returncode == 0, r.stderr
-    assert "fell back to plain decoding: 10 plain / 0 speculative tokens" in r.stderr
+    assert "acceptance" in r.stderr or "fell back to plain decoding: 10 plain / 0 speculative tokens" in r.stderr
     r2 = run_cli("generate", "--model", str(t), "--no-draft", "-p", "hello", "-m", "10", "--json")
     out = json.loads(r2.stdout)
     assert out["stats"]["draft_proposed"] == 0 and out["stats"]["drafter"] == "none"
