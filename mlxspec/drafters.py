@@ -27,6 +27,7 @@ from .cache import ModelState, common_prefix
 from .draft_length import Round
 from .errors import MlxspecError
 from .sampling import SamplingParams, process_logits, sample
+from .views import View
 
 
 @dataclass
@@ -244,22 +245,6 @@ class _SkippedLayer:
         return h
 
 
-class _View:
-    """An attribute view of an mlx_lm module with some attributes overridden;
-    calling it runs the original class's __call__ on the view.  This reuses the
-    model's own forward code (embedding scale, masks, norms, tied head...)."""
-
-    def __init__(self, base, **overrides):
-        self.__dict__["_base"] = base
-        self.__dict__.update(overrides)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_base"], name)
-
-    def __call__(self, *args, **kwargs):
-        return type(self.__dict__["_base"]).__call__(self, *args, **kwargs)
-
-
 def skip_layout(num_layers: int, layout: str = "middle") -> list[int]:
     """Which layers the draft keeps:
     * "middle" (default): all but a contiguous block of L/4 layers starting at L/3,
@@ -303,7 +288,7 @@ class LayerSkipModel:
         overrides = {"layers": view_layers}
         if hasattr(inner, "pipeline_layers"):  # qwen2 & co. iterate over pipeline_layers
             overrides["pipeline_layers"] = view_layers[inner.start_idx: inner.end_idx]
-        self._model = _View(model, model=_View(inner, **overrides))
+        self._model = View(model, model=View(inner, **overrides))
 
     @property
     def layers(self):

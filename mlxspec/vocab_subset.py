@@ -38,6 +38,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .errors import MlxspecError
+from .views import View
 
 DEFAULT_SIZE = 65536  # --draft-vocab default: on the default pair, no acceptance lost, -19 % draft step (README)
 FILE_NAME = "vocab_freq.json"
@@ -198,21 +199,6 @@ def choose_ids(ranked: list[int], size: int, always=(), vocab_size: int = 0) -> 
 
 # -- the pruned head --------------------------------------------------------------
 
-class _View:
-    """Attribute view of a module with some attributes overridden; calling it runs
-    the original class's __call__ on the view (the model's own forward code)."""
-
-    def __init__(self, base, **overrides):
-        self.__dict__["_base"] = base
-        self.__dict__.update(overrides)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_base"], name)
-
-    def __call__(self, *args, **kwargs):
-        return type(self.__dict__["_base"]).__call__(self, *args, **kwargs)
-
-
 class _Rows:
     """The rows `ids` of a (possibly quantised) embedding or linear layer, applied
     as an output projection; for an embedding, calling it still embeds with the
@@ -271,10 +257,10 @@ class SubsetHead:
         self.size = len(ids)
         model = self.base
         if self._kind == "lm_head":
-            self.model = _View(model, lm_head=_Rows(model.lm_head, self.ids, embedding=False))
+            self.model = View(model, lm_head=_Rows(model.lm_head, self.ids, embedding=False))
         else:
             inner = model.model
-            self.model = _View(model, model=_View(inner, embed_tokens=_Rows(inner.embed_tokens, self.ids, True)))
+            self.model = View(model, model=View(inner, embed_tokens=_Rows(inner.embed_tokens, self.ids, True)))
 
     def include(self, tokens) -> bool:
         """Add `tokens` to the subset; True when it changed (then `model` is a new view)."""

