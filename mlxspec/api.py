@@ -101,11 +101,15 @@ def make_subset(pair, size) -> object | None:
     if rows is None or n >= rows:
         return None
     try:
-        pair_dir = getattr(pair, "pair_dir", None)
-        ranked = vocab_subset.ranked_tokens(pair.tokenizer, pair_dir, say=_say)
-        specials = (list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
-                    + vocab_subset.template_tokens(pair.tokenizer))
-        ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows], rows)
+        known = getattr(pair, "subset_ids", None)
+        ids = known.get(n) if known is not None else None
+        if ids is None:  # the table is read (or counted) once per pair, not once per decoder
+            ranked = vocab_subset.ranked_tokens(pair.tokenizer, getattr(pair, "pair_dir", None), say=_say)
+            specials = (list(pair.eos_token_ids) + list(getattr(pair.tokenizer, "all_special_ids", []) or [])
+                        + vocab_subset.template_tokens(pair.tokenizer))
+            ids = vocab_subset.choose_ids(ranked, n, [t for t in specials if 0 <= t < rows], rows)
+            if known is not None:
+                known[n] = ids
         return vocab_subset.SubsetHead(pair.draft, ids, rows)
     except MlxspecError:
         if size is None:  # the default: a model whose head cannot be pruned keeps its full head

@@ -91,7 +91,10 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     from .cache import ModelState
     from .sampling import SamplingParams
 
-    ids = [(7919 * i + 13) % max(vocab_size - 1, 1) + 1 for i in range(context + max(widths))]
+    subset = getattr(getattr(drafter, "model", drafter), "subset", None)  # a pruned head (hybrid: its model's)
+    pool = subset.ids.tolist() if subset is not None else range(1, max(vocab_size, 2))
+    # ids the pruned head already scores, so that its prefill does not widen it with synthetic tokens
+    ids = [pool[(7919 * i + 13) % len(pool)] for i in range(context + max(widths))]
     history = ids[:context]
     target = ModelState(target_model)
     target.prefill(history)

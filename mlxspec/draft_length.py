@@ -73,8 +73,9 @@ class Round:
         return False
 
     def offer(self, confidence: float | None, step_cost: float | None = None) -> bool:
-        """Keep the token just drafted (confidence = the draft's probability of it;
-        None for a deterministic proposal such as prompt lookup)?"""
+        """Keep the token just drafted (confidence = the draft's top probability at
+        this position, never the drawn token's own; None for a deterministic
+        proposal such as prompt lookup)?"""
         pol = self.policy
         if pol is not None:
             self.t += pol.cost.draft_step if step_cost is None else step_cost  # paid either way

@@ -30,7 +30,7 @@ class HybridDrafter(Drafter):
         self.lookup, self.model = lookup, model
         self.relative_cost = model.relative_cost
         self.name = f"hybrid(lookup+{model.name})"
-        self.cost_key = f"hybrid/{getattr(model, 'cost_key', model.name)}"
+        self.cost_key = getattr(model, "cost_key", model.name)  # its draft step is the model's: one calibration
 
     def prefill(self, history, should_stop=None):
         self.lookup.prefill(history, should_stop)

@@ -12,7 +12,7 @@ Models are mlx-lm classes; on the CPU backend they compute in float32.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend import compute_dtype
@@ -37,6 +37,7 @@ class Pair:
     draft_config: dict | None = None
     compatibility: Compatibility | None = None
     pair_dir: Path | None = None  # the `mlxspec convert` folder the pair came from, if any
+    subset_ids: dict = field(default_factory=dict, repr=False)  # draft-vocab size -> ids, built once per pair
 
     @property
     def context_length(self) -> int | None:

@@ -172,7 +172,7 @@ def ranked_tokens(tokenizer, pair_dir: Path | None = None, say=None) -> list[int
         except (OSError, ValueError) as e:
             raise MlxspecError(f"{path} is unreadable ({e}); delete it or re-run `mlxspec convert`") from e
         return check_table(table, tokenizer, str(path))
-    return check_table(cached_table(tokenizer, say), tokenizer, "the token frequency table")
+    return [int(t) for t in cached_table(tokenizer, say)["ranked"]]  # checked when read, or just counted
 
 
 def choose_ids(ranked: list[int], size: int, always=(), vocab_size: int = 0) -> list[int]:
