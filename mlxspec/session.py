@@ -32,7 +32,9 @@ Design:
   a cancel that arrives while the prompt is being prepared is not lost.
   An interrupted reply is KEPT in the conversation by default (as LM Studio and
   most chat UIs do: what the user saw stays); `Session(on_cancel="drop")`
-  removes the whole turn (user message and partial reply) instead.  Either way
+  removes the whole turn (user message and partial reply) instead.  A turn
+  interrupted before its first reply token (while the message was still being
+  processed) is always removed, so the next turn does not process it again.  Either way
   the token history, the messages and the caches stay consistent: the next turn
   gives exactly what plain decoding of that history gives.
 * One generation at a time: a second `stream()`/`send()` (or a `reset()`,
@@ -53,16 +55,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import Callable
 
-from .api import Chunk, GenerationStream, apply_chat_template, make_drafter, make_policy
+from .api import Chunk, GenerationStream, apply_chat_template
 from .draft_length import FixedK
 from .drafters import Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
+from .session_drafting import Drafting
+from .session_options import check_options, sampling_params
 from .session_file import load_session, session_to_dict, write_session_file
+from .session_stats import SessionStats, mean_accepted_length  # noqa: F401  (public names of this module)
+from .session_stream import Reply, SessionStream  # noqa: F401
 from .speculative import SpeculativeDecoder
 from .stats import GenerationStats
 
@@ -73,247 +79,51 @@ class ContextFullError(MlxspecError):
     """The conversation no longer fits the model's context: reset it (or drop turns)."""
 
 
-@dataclass
-class Reply:
-    text: str
-    tokens: list
-    stats: GenerationStats
-    finish_reason: str | None  # "stop" (EOS), "length" (max tokens), "context", "cancelled", "error"
-
-    @property
-    def cancelled(self) -> bool:
-        return self.finish_reason == "cancelled"
-
-
-class SessionStats:
-    """Running totals over a session's turns (one GenerationStats summed field by field)."""
-
-    SUMMED = ("prompt_tokens", "prompt_tokens_processed", "generated_tokens", "draft_proposed", "draft_accepted",
-              "target_passes", "tokens_speculative", "tokens_plain", "prompt_time", "draft_time", "verify_time",
-              "generation_time")
-
-    def __init__(self):
-        self.turns = 0
-        self.cancelled = 0
-        self.total = GenerationStats(drafter="session")
-
-    def add(self, s: GenerationStats):
-        self.turns += 1
-        self.cancelled += s.finish_reason == "cancelled"
-        t = self.total
-        for name in self.SUMMED:
-            setattr(t, name, getattr(t, name) + getattr(s, name))
-        for mine, theirs in ((t.proposed_by_position, s.proposed_by_position),
-                             (t.accepted_by_position, s.accepted_by_position)):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-        t.k_history.extend(s.k_history)
-
-    @property
-    def prompt_tokens_reused(self) -> int:
-        """Prompt tokens served from the KV cache instead of being processed again."""
-        return self.total.prompt_tokens - self.total.prompt_tokens_processed
-
-    def to_dict(self) -> dict:
-        d = self.total.to_dict()
-        d.pop("k_history", None)
-        d.pop("notes", None)
-        d.pop("finish_reason", None)
-        d.pop("drafter", None)
-        return {"turns": self.turns, "cancelled": self.cancelled, "prompt_tokens_reused": self.prompt_tokens_reused, **d}
-
-    def summary(self) -> str:
-        t = self.total
-        lines = [
-            f"turns: {self.turns} ({self.cancelled} interrupted)",
-            f"generated: {t.generated_tokens} tokens in {t.generation_time:.2f} s ({t.generation_tps:.2f} tok/s), "
-            f"{t.target_passes} target passes ({t.tokens_per_pass:.2f} tokens/pass)",
-        ]
-        if t.draft_proposed:
-            by_pos = " ".join(f"{100 * a:.0f}%" for a in t.acceptance_by_position)
-            lines.append(f"draft: {t.draft_accepted}/{t.draft_proposed} accepted ({100 * t.acceptance_rate:.1f}%); "
-                         f"by position: {by_pos}")
-            lines.append(f"time: draft {t.draft_time:.2f} s, verify {t.verify_time:.2f} s")
-        else:
-            lines.append("draft: nothing drafted yet")
-        lines.append(f"prompt: {t.prompt_tokens} tokens over all turns, {t.prompt_tokens_processed} processed, "
-                     f"{self.prompt_tokens_reused} reused from the KV cache ({t.prompt_time:.2f} s)")
-        return "\n".join(lines)
-
-
-def mean_accepted_length(stats: GenerationStats) -> float:
-    """Mean number of draft tokens accepted per drafting round."""
-    rounds = sum(1 for k in stats.k_history if k > 0)
-    return stats.draft_accepted / rounds if rounds else 0.0
-
-
-class SessionStream:
-    """The iterator `Session.stream()` returns: Chunks as they are accepted.
-
-    After the last chunk (or `close()`), `.reply` holds the text, tokens, stats and
-    finish reason, and the session is free again.  `prompt_tokens` is the full
-    token prompt of this turn, `prompt_tokens_processed` how many of them the
-    target actually had to process (the rest came from the KV cache)."""
-
-    def __init__(self, session: "Session", user_text: str, prompt_text: str, history: list[int],
-                 gen: GenerationStream, cancel_event: threading.Event, on_chunk):
-        self._session = session
-        self._user_text = user_text
-        self._prompt_text = prompt_text
-        self._history = history
-        self.prompt_tokens = list(history)
-        self._gen = gen
-        self._cancel = cancel_event
-        self._on_chunk = on_chunk
-        self._done = False
-        self._started = False  # the decoder has been asked for a chunk
-        self._exhausted = False
-        self._finish_lock = threading.Lock()
-        self.reply: Reply | None = None
-
-    # -- results -----------------------------------------------------------
-    @property
-    def stats(self) -> GenerationStats:
-        return self._gen.stats
-
-    @property
-    def text(self) -> str:
-        return self._gen.text
-
-    @property
-    def tokens(self) -> list[int]:
-        return self._gen.tokens
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self._gen.stats.finish_reason
-
-    @property
-    def prompt_tokens_processed(self) -> int:
-        return self._gen.stats.prompt_tokens_processed
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    # -- iteration ---------------------------------------------------------
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Chunk:
-        if self._done:
-            raise StopIteration
-        self._started = True
-        try:
-            chunk = next(self._gen)
-        except StopIteration:
-            self._exhausted = True
-            self._finish(error=False)
-            raise
-        except BaseException:
-            # An error (or a KeyboardInterrupt) inside the decoder may have left
-            # a cache half-updated: drop the caches rather than trust them.
-            self._finish(error=True)
-            raise
-        if self._on_chunk is not None:
-            try:
-                self._on_chunk(chunk)
-            except BaseException:
-                self.close()
-                raise
-        return chunk
-
-    def cancel(self):
-        """Ask the stream to stop after the round in progress (any thread)."""
-        self._cancel.set()
-
-    def close(self):
-        """Stop now (from the consuming thread) and free the session; idempotent."""
-        if self._done:
-            return
-        try:
-            self._gen.close()
-        finally:
-            self._finish(error=False)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            if not self._done:
-                self.close()
-        except Exception:
-            pass
-
-    def _finish(self, error: bool):
-        with self._finish_lock:
-            if self._done:
-                return
-            self._done = True
-        s = self._session
-        try:
-            stats = self._gen.stats
-            if error:
-                stats.finish_reason = "error"
-            elif stats.finish_reason is None:  # closed before the decoder finished
-                stats.finish_reason = "cancelled"
-            if error:
-                s.decoder.reset()
-            reply_tokens = self._history[len(self.prompt_tokens):]
-            if self._exhausted:
-                text = self._gen.text
-            else:  # stopped early: the streaming detokenizer was not finalized
-                text = s.tokenizer.decode(reply_tokens) if reply_tokens else ""
-            self.reply = Reply(text, list(reply_tokens), stats, stats.finish_reason)
-            if self._started:  # a stream closed before it ran leaves no trace
-                s._commit_turn(self, text, stats)
-        finally:
-            s._active = None
-            s._turn_cancel = None
-            s._lock.release()
-
-
 class Session:
     """A conversation with one loaded target/draft pair.  See the module docstring."""
 
-    def __init__(self, pair=None, *, model=None, draft_model=None, no_draft: bool = False,
-                 system: str | None = None, max_tokens: int = 512, draft: bool | None = None,
-                 num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None, **sampling_kw):
-        """`pair`: a loaded `mlxspec.Pair`; or `model`/`draft_model` specs to load one
-        (as `mlxspec.load`).  `draft`: start with drafting on (default: when the pair
-        has a draft).  `sampling`: a SamplingParams, or keyword arguments temp,
-        top_p, top_k, min_p, repetition_penalty, repetition_context_size, seed."""
-        if on_cancel not in ("keep", "drop"):
-            raise ValueError("on_cancel must be 'keep' or 'drop'")
+    def __init__(self, pair=None, *, model=None, draft=None, no_draft: bool = False, drafter=None,
+                 drafting: bool | None = None, system: str | None = None, max_tokens: int = 512,
+                 num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None,
+                 draft_model=None, **sampling_kw):
+        """`pair`: a loaded `mlxspec.Pair`; or `model` and `draft` (a draft MODEL, as in
+        `mlxspec.load`; a catalog target brings its catalog partner) to load one.
+        `drafter`: what drafts while drafting is on: 'model' (the default when the
+        pair has a draft model), 'hybrid', 'lookup' (prompt n-grams, no draft model),
+        'layerskip', 'none', or a Drafter.  `drafting`: start with drafting on
+        (default: on when there is a drafter).  `sampling`: a SamplingParams, or
+        keyword arguments temp, top_p, top_k, min_p, repetition_penalty,
+        repetition_context_size, seed.  Every value is checked here: a bad one is a
+        one-line MlxspecError before anything is loaded."""
+        if isinstance(draft, bool):  # the old meaning of draft=: on/off
+            warnings.warn("Session(draft=True/False) is now Session(drafting=True/False); draft= names a "
+                          "draft model", DeprecationWarning, stacklevel=2)
+            drafting, draft = draft, None
+        if draft_model is not None:
+            warnings.warn("Session(draft_model=...) is now Session(draft=...)", DeprecationWarning, stacklevel=2)
+            draft = draft if draft is not None else draft_model
+        check_options(pair=pair, model=model, draft=draft, max_tokens=max_tokens, num_draft=num_draft,
+                      p_min=p_min, on_cancel=on_cancel, system=system, drafting=drafting)
+        params = sampling_params(sampling, sampling_kw)
         if pair is None:
             from .loading import load
 
-            pair = load(model, draft_model, no_draft=no_draft)
+            pair = load(model, draft, no_draft=no_draft)
         self.pair = pair
         self.tokenizer = pair.tokenizer
         self.on_cancel = on_cancel
-        self.max_tokens = max_tokens
+        self._max_tokens = max_tokens
         self.eos_token_ids = set(pair.eos_token_ids)
-        self._params = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**{**(sampling or {}), **sampling_kw})
-        self._num_draft = num_draft
-        self._p_min = p_min
+        self._params = params
         self._lock = threading.Lock()
         self._active: SessionStream | None = None
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
         self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size)
-        self._plain = (self.decoder.drafter, self.decoder.policy)
-        self._spec = None  # (drafter, policy), built when drafting is first turned on
-        self._draft_on = False
-        if draft is None:
-            draft = pair.draft is not None
-        if draft:
-            self._set_draft(True)
+        self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min)
+        if drafting is None:
+            drafting = self._drafting.available
+        if drafting:
+            self._drafting.switch(True)
         self._system = system or None
         self.messages: list[dict] = []  # user/assistant turns; the system prompt is kept apart
         self._tokens: list[int] = []  # the exact token history of the conversation
@@ -330,7 +140,7 @@ class Session:
         """Change sampling settings (temp, top_p, top_k, min_p, repetition_penalty,
         repetition_context_size, seed) for the following turns."""
         with self._exclusive("change settings"):
-            self._params = dataclasses.replace(self._params, **kw)
+            self._params = sampling_params(self._params, kw)
 
     @property
     def temp(self) -> float:
@@ -341,45 +151,57 @@ class Session:
         self.set_sampling(temp=float(value))
 
     @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, n: int):
+        check_options(max_tokens=n)
+        self._max_tokens = n
+
+    @property
     def has_draft_model(self) -> bool:
         return self.pair.draft is not None
 
     @property
-    def draft(self) -> bool:
+    def drafter(self) -> str:
+        """The drafter used while drafting is on ('model', 'lookup', ...; 'none' if there is none)."""
+        return self._drafting.name
+
+    @property
+    def drafting(self) -> bool:
         """Whether replies are drafted.  Setting it keeps the target's cache."""
-        return self._draft_on
+        return self._drafting.on
+
+    @drafting.setter
+    def drafting(self, on: bool):
+        with self._exclusive("switch drafting"):
+            self._drafting.switch(bool(on))
+
+    @property
+    def draft(self) -> bool:
+        """Deprecated: `drafting` (draft= names a draft model)."""
+        return self.drafting
 
     @draft.setter
     def draft(self, on: bool):
-        with self._exclusive("switch drafting"):
-            self._set_draft(bool(on))
-
-    def _set_draft(self, on: bool):
-        if on and self._spec is None:
-            if self.pair.draft is None:
-                raise MlxspecError("no draft model is loaded (load the pair with a draft to turn drafting on)")
-            d = make_drafter(self.pair, "model", self._p_min)
-            self._spec = (d, make_policy(self._num_draft, d, self.pair))
-        self.decoder.drafter, self.decoder.policy = self._spec if on else self._plain
-        self._draft_on = on
+        warnings.warn("Session.draft = on/off is now Session.drafting", DeprecationWarning, stacklevel=2)
+        self.drafting = on
 
     @property
     def num_draft(self):
-        return self._num_draft
+        return self._drafting.num_draft
 
     @num_draft.setter
     def num_draft(self, value):
+        check_options(num_draft=value)
         with self._exclusive("change the draft length"):
-            self._num_draft = value
-            if self._spec is not None:
-                self._spec = (self._spec[0], make_policy(value, self._spec[0], self.pair))
-                if self._draft_on:
-                    self.decoder.policy = self._spec[1]
+            self._drafting.set_num_draft(value)
 
     @property
     def current_k(self) -> int:
         """Draft length the policy will use next (0 with drafting off)."""
-        if not self._draft_on:
+        if not self._drafting.on:
             return 0
         k = getattr(self.decoder.policy, "k", None)
         if isinstance(k, int):
@@ -444,8 +266,7 @@ class Session:
             if not keep_system:
                 self._system = None
             self.decoder.reset()
-            if self._spec is not None:
-                self._spec[0].reset()
+            self._drafting.reset()
 
     def cancel(self) -> bool:
         """Stop the reply in progress after the current draft/verify round.  Safe
@@ -493,8 +314,7 @@ class Session:
         cancel_event = self._turn_cancel = threading.Event()
         try:
             max_tokens = self.max_tokens if max_tokens is None else max_tokens
-            if max_tokens < 1:
-                raise MlxspecError(f"max_tokens must be at least 1, got {max_tokens}")
+            check_options(max_tokens=max_tokens)
             prompt_text, history = self.build_prompt(text)
             limit = self.context_length
             if limit is not None and len(history) >= limit:
@@ -524,8 +344,11 @@ class Session:
         """Called once per stream, under the session lock, when it ends."""
         self.last_stats = stats
         self.stats.add(stats)
-        if stats.finish_reason == "cancelled" and self.on_cancel == "drop":
-            return  # conversation and token history as before the turn; sync() trims the caches
+        if stats.finish_reason in ("cancelled", "error") and (self.on_cancel == "drop" or not s.reply.tokens):
+            # Dropped on request, or stopped while the message was still being processed
+            # (no reply token yet): the conversation and token history stay as before the
+            # turn, so the next turn does not process the message again; sync() trims the caches.
+            return
         self.messages.append({"role": "user", "content": s._user_text})
         self.messages.append({"role": "assistant", "content": reply_text})
         self._tokens = s._history

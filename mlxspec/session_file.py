@@ -51,9 +51,9 @@ def session_to_dict(session) -> dict:
         "settings": {
             "sampling": session.params.to_dict(),
             "max_tokens": session.max_tokens,
-            "draft": session.draft,
+            "draft": session.drafting,
             "num_draft": session.num_draft,
-            "p_min": session._p_min,
+            "p_min": session._drafting.p_min,
             "on_cancel": session.on_cancel,
         },
         "tokens": session.tokens,
@@ -176,7 +176,7 @@ def _check_settings(c: _Checker, settings) -> dict:
     if (v := c.get(settings, "draft", "settings.draft")) is not _MISSING:
         if not isinstance(v, bool):
             c.got("settings.draft", "true or false", v)
-        kw["draft"] = v
+        kw["drafting"] = v  # the file keeps its field name "draft" (on/off)
     if (v := c.get(settings, "num_draft", "settings.num_draft")) is not _MISSING:
         if v != "auto":
             if isinstance(v, str):
@@ -295,7 +295,7 @@ def load_session(cls, path, pair=None, **overrides):
         pair = load(data["model"], data["draft_model"])
     kw = dict(system=data["system"], **data["settings"])
     if pair.draft is None:
-        kw.pop("draft", None)
+        kw.pop("drafting", None)
     kw.update(overrides)
     session = cls(pair, **kw)
     session.messages = data["messages"]

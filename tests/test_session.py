@@ -44,20 +44,20 @@ def test_second_turn_processes_only_the_new_tokens(tiny_pair):
 def test_toggling_draft_keeps_the_target_cache(tiny_pair):
     s = Session(tiny_pair, max_tokens=8)
     s.send("one")
-    s.draft = False
+    s.drafting = False
     n = len(s.tokens)
     off = s.stream("two")
     consume(off)
     assert off.stats.draft_proposed == 0 and off.stats.drafter == "none" and s.current_k == 0
     assert off.prompt_tokens_processed == len(off.prompt_tokens) - n + 1
-    s.draft = True
+    s.drafting = True
     n = len(s.tokens)
     on = s.stream("three")
     consume(on)
     assert on.stats.draft_proposed > 0
     assert on.prompt_tokens_processed == len(on.prompt_tokens) - n + 1
     # same tokens as a session that never drafted
-    plain = Session(tiny_pair, max_tokens=8, draft=False)
+    plain = Session(tiny_pair, max_tokens=8, drafting=False)
     for text in ("one", "two", "three"):
         plain.send(text)
     assert plain.tokens == s.tokens
@@ -98,8 +98,8 @@ def test_cancel_from_another_thread_then_lossless(tiny_pair, tmp_path):
     ref = mlxspec.generate(tiny_pair, nxt.prompt_tokens, max_tokens=30, drafter="none")
     assert nxt.tokens == ref.tokens and len(ref.tokens) > 0
     # ... and what a fresh session with drafting off gives from the saved state
-    fresh = Session.load(path, tiny_pair, draft=False)
-    assert fresh.messages == s.messages[:-2] and not fresh.draft
+    fresh = Session.load(path, tiny_pair, drafting=False)
+    assert fresh.messages == s.messages[:-2] and not fresh.drafting
     plain = fresh.stream("and then?", max_tokens=30)
     consume(plain)
     assert plain.prompt_tokens == nxt.prompt_tokens
@@ -134,7 +134,7 @@ def test_one_generation_at_a_time(tiny_pair):
         s.stream("second")
     with pytest.raises(MlxspecError, match="already generating"):
         s.send("second")
-    for change in (s.reset, lambda: setattr(s, "draft", False), lambda: s.set_sampling(temp=1.0),
+    for change in (s.reset, lambda: setattr(s, "drafting", False), lambda: s.set_sampling(temp=1.0),
                    lambda: s.save("/nonexistent/x.json")):
         with pytest.raises(MlxspecError, match="while a reply is being generated"):
             change()
