@@ -17,6 +17,8 @@ converter can run it on tokenizer files alone, before any weight is downloaded.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 
 from .errors import MlxspecError
@@ -114,3 +116,33 @@ def require_compatible(target_tok, draft_tok, target_rows=None, draft_rows=None)
     if not res.ok:
         raise IncompatibleTokenizers(f"draft and target tokenizers are incompatible: {res.reason}")
     return res
+
+
+def tokenizer_facts(tok) -> dict:
+    """What `check_tokenizers` compares, in a few values that can be pinned (weights.py
+    keeps them for every catalog model, so a pair can be refused before its files
+    are fetched): tokenizer type, BOS/EOS ids, vocabulary size, and a digest of the
+    token texts from id FIRST_CHECKED_ID up."""
+    t = _hf(tok)
+    texts = id_to_text(t)
+    n = len(texts)
+    blob = json.dumps([texts.get(i) for i in range(FIRST_CHECKED_ID, n)], ensure_ascii=False).encode()
+    return {"kind": tokenizer_kind(t), "bos": t.bos_token_id, "eos": t.eos_token_id, "vocab": n,
+            "tokens": hashlib.sha256(blob).hexdigest()[:16]}
+
+
+def facts_disagree(target: dict, draft: dict) -> str | None:
+    """Why `check_tokenizers` is bound to refuse the pair these facts describe, or None
+    (they agree, or cannot tell).  A fact missing from either side is not compared."""
+    def both(key):
+        return key in target and key in draft
+
+    for key, label in (("kind", "tokenizer types"), ("bos", "BOS ids"), ("eos", "EOS ids")):
+        if both(key) and target[key] != draft[key]:
+            return f"{label} differ: target {target[key]!r}, draft {draft[key]!r}"
+    if both("vocab") and abs(target["vocab"] - draft["vocab"]) > MAX_VOCAB_DIFF:
+        return (f"vocabulary sizes differ by more than {MAX_VOCAB_DIFF}: target {target['vocab']}, "
+                f"draft {draft['vocab']}")
+    if both("vocab") and both("tokens") and target["vocab"] == draft["vocab"] and target["tokens"] != draft["tokens"]:
+        return f"the token texts differ ({target['vocab']} tokens each)"
+    return None

@@ -41,12 +41,13 @@ from pathlib import Path
 import click
 import numpy as np
 
-from . import tempfiles
+from . import progress, tempfiles
 from .errors import MlxspecError, write_failure
 from .paths import cache_dir
 from .untrusted import printable
 
 SHARD_BYTES = 2 << 30
+MAX_COUNT = 1 << 24  # no sane size, count or length in GGUF metadata is larger
 FORMAT = 1  # of the converted folders; bump it when conversion changes, and old cache entries are redone
 MLX_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
@@ -162,28 +163,48 @@ def model_config(meta: dict, tensors: dict) -> dict:
             raise MlxspecError(f"GGUF metadata lacks {arch}.{name}")
         return value
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // heads))
+    def count(name, default=None, lo=1):
+        """A whole number >= lo from the metadata; anything else is one line naming the key."""
+        value = key(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= MAX_COUNT:
+            raise MlxspecError(f"GGUF metadata {arch}.{name} is {printable(repr(value), 40)}: "
+                               f"expected a whole number from {lo} to {MAX_COUNT}")
+        return int(value)
+
+    def real(name, default=None, lo=0.0):
+        value = key(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
+                or not value > lo:
+            raise MlxspecError(f"GGUF metadata {arch}.{name} is {printable(repr(value), 40)}: "
+                               f"expected a finite number above {lo:g}")
+        return float(value)
+
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    head_dim = count("attention.key_length", hidden // heads)
+    kv_heads = count("attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise MlxspecError(f"GGUF metadata: {arch}.attention.head_count ({heads}) is not a multiple of "
+                           f"{arch}.attention.head_count_kv ({kv_heads})")
     config = {
         "model_type": MLX_MODEL_TYPE[arch],
         "hidden_size": hidden,
-        "num_hidden_layers": int(key("block_count")),
-        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": count("block_count"),
+        "intermediate_size": count("feed_forward_length"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": real("attention.layer_norm_rms_epsilon"),
         "vocab_size": tensors["token_embd.weight"][0],
-        "max_position_embeddings": int(key("context_length")),
-        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": count("context_length"),
+        "rope_theta": real("rope.freq_base", 10000.0),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    rope_dims = count("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise MlxspecError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": float(key("rope.scaling.factor"))}
+        config["rope_scaling"] = {"type": "linear", "factor": real("rope.scaling.factor")}
     elif scaling != "none":
         raise MlxspecError(f"RoPE scaling {scaling!r} is not supported")
     if arch == "llama":
@@ -195,10 +216,20 @@ def model_config(meta: dict, tensors: dict) -> dict:
         # As llama.cpp: 10k local RoPE base, 5 sliding layers per global one, and
         # attention scaled by head_dim (hidden/heads for the 27B model, 62 layers).
         config["rope_local_base_freq"] = 10000.0
-        config["sliding_window"] = int(key("attention.sliding_window"))
+        config["sliding_window"] = count("attention.sliding_window")
         config["sliding_window_pattern"] = 6
         config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 62 else head_dim
     return config
+
+
+def file_type_name(value) -> str | None:
+    """"Q4_K_M" for the GGUF's general.file_type (llama.cpp's LlamaFileType), or None."""
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return None
 
 
 def eos_ids(meta: dict, tokens: list, token_types: list) -> list[int]:
@@ -275,10 +306,9 @@ def shard_plan(tensors, limit: int = SHARD_BYTES) -> list[list]:
     return shards
 
 
-def write_weights(path: Path, reader, arch: str, out: Path, progress: bool) -> int:
-    """Dequantise every tensor into float32 safetensors shards under `out`; return the bytes written."""
-    import mlx.core as mx
-
+def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool) -> int:
+    """Dequantise every tensor into float32 safetensors shards under `out`; return the bytes written.
+    A bar on a terminal (progress.py); `progress_lines`: a line per shard as well."""
     shards = shard_plan(reader.tensors)
     names = (
         ["model.safetensors"]
@@ -286,24 +316,34 @@ def write_weights(path: Path, reader, arch: str, out: Path, progress: bool) -> i
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
     weight_map, total, done = {}, 0, 0
-    for name, shard in zip(names, shards):
-        arrays = {}
-        for t in shard:
-            w = dequantize(path, t)
-            if arch == "gemma3" and t.name.endswith("norm.weight"):
-                w = w - 1.0  # the file stores 1 + w; mlx-lm's Gemma RMSNorm adds the 1
-            key = mlx_name(t.name, arch)
-            arrays[key] = mx.array(w)
-            weight_map[key] = name
-            total += w.nbytes
-            done += 1
-            del w
-        mx.save_safetensors(str(out / name), arrays, metadata={"format": "mlx"})
-        del arrays
-        _say(progress, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB float32")
+    with progress.bar(f"converting {printable(path.name, 60)}", len(reader.tensors), unit="tensor",
+                      show=progress_lines) as bar:
+        for name, shard in zip(names, shards):
+            done, total = _write_shard(path, arch, out, name, shard, weight_map, bar, done, total)
+            _say(progress_lines, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB float32")
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return total
+
+
+def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map: dict, bar, done: int, total: int):
+    """Dequantise one shard's tensors and save them; returns the updated (tensors done, bytes)."""
+    import mlx.core as mx
+
+    arrays = {}
+    for t in shard:
+        w = dequantize(path, t)
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            w = w - 1.0  # the file stores 1 + w; mlx-lm's Gemma RMSNorm adds the 1
+        key = mlx_name(t.name, arch)
+        arrays[key] = mx.array(w)
+        weight_map[key] = name
+        total += w.nbytes
+        done += 1
+        bar.update(1)
+        del w
+    mx.save_safetensors(str(out / name), arrays, metadata={"format": "mlx"})
+    return done, total
 
 
 def _write_json(path: Path, obj) -> None:
@@ -345,7 +385,8 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     bos = meta.get("tokenizer.ggml.bos_token_id")
     config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
     config["mlxspec"] = {"source": path.name, "sha256": digest, "format": FORMAT,  # the name is shown on terminals
-                         "general.name": printable(meta["general.name"]) if "general.name" in meta else None}
+                         "general.name": printable(meta["general.name"]) if "general.name" in meta else None,
+                         "file_type": file_type_name(meta.get("general.file_type"))}
 
     write_weights(path, reader, arch, out, progress)
     (out / "tokenizer.json").write_text(tok_json)
@@ -411,3 +452,22 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
             raise
     _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
     return final
+
+
+def read_tokenizer(path: Path):
+    """The Hugging Face tokenizer a conversion of GGUF `path` would write, built from
+    its metadata alone (no weight is read or converted): for checking a pair first."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    reader = open_gguf(path)
+    try:
+        meta = metadata(reader)
+        tok_json, tok_config = tokenizer_files(meta)
+    except MlxspecError:
+        raise
+    except Exception as e:
+        raise MlxspecError(f"{path}: cannot build a tokenizer from its metadata ({_one_line(e)})") from None
+    specials = {k: tok_config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in tok_config}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok_json), **specials)

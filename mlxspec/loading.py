@@ -37,6 +37,7 @@ class Pair:
     draft_config: dict | None = None
     compatibility: Compatibility | None = None
     pair_dir: Path | None = None  # the `mlxspec convert` folder the pair came from, if any
+    draft_note: str = ""  # how the draft was chosen, or why there is none (shown by describe())
     subset_ids: dict = field(default_factory=dict, repr=False)  # draft-vocab size -> ids, built once per pair
 
     @property
@@ -62,18 +63,61 @@ class Pair:
         return set(self.tokenizer.eos_token_ids)
 
     def describe(self) -> str:
-        t = model_name(self.target_path, self.target_config)
+        """One line naming both models (catalog name, source format, compute dtype) and
+        how the draft was chosen: the header line of `generate` and `chat`."""
+        t = model_label(self.target_path, self.target_config)
         if self.draft is None:
-            return f"{t} (no draft)"
-        return f"{t} drafted by {model_name(self.draft_path, self.draft_config)}"
+            return f"{t}; {self.draft_note or 'no draft model'}"
+        d = model_label(self.draft_path, self.draft_config)
+        return f"{t} drafted by {d}" + (f", {self.draft_note}" if self.draft_note else "")
 
 
 def model_name(path: Path, config: dict) -> str:
-    """A readable name: the GGUF's own name for converted files, else the folder name;
-    escape sequences and other control characters in it are shown escaped."""
-    source = (config or {}).get("mlxspec")
-    source = source if isinstance(source, dict) else {}
+    """A readable name: the catalog name of a pinned model, else the GGUF's own name for
+    converted files, else the folder name; escape sequences and other control
+    characters in it are shown escaped."""
+    source = _source(config)
+    spec = _catalog_spec(source)
+    if spec is not None:
+        return spec.name
     return printable(source.get("general.name") or source.get("source") or path.name, 120)
+
+
+def model_label(path: Path, config: dict) -> str:
+    """model_name plus what the weights came from and the dtype they compute in:
+    "qwen2.5-coder-0.5b (GGUF Q4_K_M, float32)"."""
+    source = _source(config)
+    spec = _catalog_spec(source)
+    if spec is not None:
+        origin = spec.source_format
+    elif source:
+        origin = f"GGUF {printable(source['file_type'], 20)}" if source.get("file_type") else "GGUF"
+    else:
+        origin = "MLX"
+    from .backend import compute_dtype
+
+    dtype = compute_dtype()
+    if dtype is not None:
+        dtype = str(dtype).rpartition(".")[2]
+    else:
+        cfg = config or {}
+        dtype = printable(str(cfg.get("torch_dtype") or cfg.get("dtype") or "own dtype"), 20)
+    return f"{model_name(path, config)} ({origin}, {dtype})"
+
+
+def _source(config: dict) -> dict:
+    source = (config or {}).get("mlxspec")
+    return source if isinstance(source, dict) else {}
+
+
+def _catalog_spec(source: dict):
+    """The weights.CATALOG entry a converted folder came from (by its GGUF's SHA-256), or None."""
+    digest = source.get("sha256")
+    if not isinstance(digest, str):
+        return None
+    from .weights import CATALOG
+
+    return next((spec for spec in CATALOG.values() if spec.sha256 == digest), None)
 
 
 def _is_pair_dir(p: Path) -> bool:
@@ -92,40 +136,65 @@ def read_pair_manifest(p: Path) -> dict:
 
 
 def resolve_model_dir(spec: str | Path) -> Path:
-    """Any accepted model spec -> a local MLX model folder."""
+    """Any accepted model spec -> a local MLX model folder (fetching and converting a
+    catalog model, converting a .gguf file)."""
     spec_str = str(spec)
     path = Path(spec_str).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise MlxspecError(f"GGUF file not found: {path}")
+            raise MlxspecError(f"{printable(str(path))}: no such GGUF file")
         from .gguf import convert
 
         return convert(path)
+    name = catalog_name(spec_str)
+    if name is not None:
+        from . import weights
+
+        return weights.converted(name)
+    return resolve_local_dir(spec)
+
+
+def resolve_local_dir(spec: str | Path) -> Path:
+    """A model folder, a pair folder (its target) or a cached Hugging Face repo id -> the
+    MLX model folder; nothing is fetched or converted."""
+    from . import weights
+
+    spec_str = str(spec)
+    path = Path(spec_str).expanduser()
     if path.is_dir():
         if _is_pair_dir(path):
             return read_pair_manifest(path)["target_dir"]
         if not (path / "config.json").is_file():
-            raise MlxspecError(f"{path} has no config.json: not an MLX model folder")
+            raise MlxspecError(f"{printable(str(path))} has no config.json: not an MLX model folder")
         return path
-    from . import weights
-
-    name = _catalog_name(spec_str)
-    if name is not None:
-        return weights.converted(name)
-    if spec_str.count("/") == 1 and not path.exists():
+    if path.exists():
+        raise MlxspecError(f"{printable(str(path))} is a file, not a model folder or .gguf file")
+    if _looks_like_path(spec_str):
+        raise MlxspecError(f"{printable(spec_str)}: no such file or folder")
+    if spec_str.count("/") == 1:
         return _from_hf_cache(spec_str)
     raise MlxspecError(
-        f"model not found: {spec_str!r} (give a model folder, a pair folder, a .gguf file, "
+        f"model not found: {printable(repr(spec_str))} (give a model folder, a pair folder, a .gguf file, "
         f"a cached Hugging Face repo id, or one of: {', '.join(weights.CATALOG)})"
     )
 
 
-def _catalog_name(spec: str) -> str | None:
+def _looks_like_path(spec: str) -> bool:
+    """A spec that can only be a path (not a repo id "org/name", nor a catalog name)."""
+    return (spec.startswith(("/", "./", "../", "~")) or spec in (".", "..") or spec.count("/") > 1
+            or "\\" in spec)
+
+
+def catalog_name(spec: str) -> str | None:
+    """The weights catalog name `spec` stands for (an exact name or a unique prefix),
+    unless it names an existing file or folder."""
     from . import weights
 
+    if _looks_like_path(spec) or Path(spec).expanduser().exists():
+        return None
     try:
         return weights.resolve(spec)
-    except Exception:
+    except MlxspecError:
         return None
 
 
@@ -137,9 +206,39 @@ def _from_hf_cache(repo: str) -> Path:
         return Path(snapshot_download(repo, local_files_only=True))
     except (LocalEntryNotFoundError, OSError, ValueError) as e:
         raise MlxspecError(
-            f"{repo} is not in the local Hugging Face cache; fetch it first "
-            f"(`mlxspec convert {repo} --draft ...` or `huggingface-cli download {repo}`)"
+            f"{printable(repo)} is neither a local folder nor in the Hugging Face cache; fetch it first "
+            f"with `hf download {printable(repo)}`"
         ) from e
+
+
+PARTNER_NOTE = "its catalog partner, loaded by default (--no-draft for none)"
+
+
+def default_draft(target) -> tuple[str | None, str]:
+    """(draft spec, note) for a target given without a draft: its catalog partner
+    (weights.PARTNERS for catalog names; converters.catalog.PAIRS for Hub repos in
+    the local HF cache), or None with a note saying why there is none."""
+    name = catalog_name(str(target))
+    if name is not None:
+        from .weights import PARTNERS
+
+        if name in PARTNERS:
+            return PARTNERS[name], PARTNER_NOTE
+        return None, (f"no draft model (the catalog has no partner for {name}): drafting is off; "
+                      "--draft MODEL, or --drafter lookup to draft from the prompt")
+    from .converters.catalog import PAIRS
+
+    partners = [d for t, d in PAIRS if t == str(target)]
+    for d in partners:
+        try:
+            _from_hf_cache(d)
+        except MlxspecError:
+            continue
+        return d, PARTNER_NOTE
+    if partners:
+        return None, (f"no draft model: its catalog partner {partners[0]} is not in the Hugging Face cache "
+                      f"(`hf download {partners[0]}`, then --draft {partners[0]})")
+    return None, "no draft model"
 
 
 def load_model_dir(path: Path, name: str = "model"):
@@ -167,8 +266,23 @@ def load_model_dir(path: Path, name: str = "model"):
         model.set_dtype(dtype)
     config = strip_code_refs(config)
     tokenizer = load_tokenizer(path, config.get("eos_token_id"), f"the {name} tokenizer in {path}")
+    _no_length_warning(tokenizer)
     check_trimmable(model, name)
     return model, tokenizer, config
+
+
+def _no_length_warning(tokenizer) -> None:
+    """transformers warns ("Token indices sequence length is longer than the specified
+    maximum ...") when a text encodes to more tokens than the tokenizer's
+    model_max_length; mlxspec checks prompts against the model's context itself
+    (a one-line error), so the tokenizer is told there is no limit of its own."""
+    import sys
+
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        inner.model_max_length = sys.maxsize
+    except (AttributeError, TypeError):
+        pass
 
 
 def _embedding_rows(config: dict) -> int | None:
@@ -179,29 +293,41 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     """Load a target and (optionally) a draft model.
 
     With no target, the default pair (Qwen2.5-Coder 1.5B drafted by 0.5B) is
-    used; a pair folder as target brings its own draft.  The tokenizers must be
-    compatible (compat.py) or a one-line MlxspecError is raised.
+    used; a target the catalog knows a partner for brings it (`default_draft`);
+    a pair folder as target brings its own draft.  The tokenizers must be
+    compatible (compat.py) or a one-line MlxspecError is raised -- before
+    anything is fetched or converted when that can be told (pair_check.py).
     """
+    from . import pair_check, progress
+
     if target is None:
-        target, draft = DEFAULT_TARGET, (draft or DEFAULT_DRAFT)
+        target = DEFAULT_TARGET
     tpath = Path(str(target)).expanduser()
-    pair_dir = None
+    pair_dir, note = None, ""
     if tpath.is_dir() and _is_pair_dir(tpath):
         pair_dir = tpath
         manifest = read_pair_manifest(tpath)
         target, draft = manifest["target_dir"], draft or manifest["draft_dir"]
     if no_draft:
-        draft = None
+        draft, note = None, "no draft model"
+    elif draft is None:
+        draft, note = default_draft(target)
+    if draft is not None:
+        pair_check.refuse_incompatible(target, draft)
 
     target_dir = resolve_model_dir(target)
     draft_dir = resolve_model_dir(draft) if draft is not None else None
     _check_memory(target_dir, draft_dir)
-    model, tokenizer, config = load_model_dir(target_dir, "target")
-    pair = Pair(model, tokenizer, target_dir, config, pair_dir=pair_dir)
-    if draft_dir is not None:
-        dmodel, dtok, dconfig = load_model_dir(draft_dir, "draft")
-        pair.compatibility = require_compatible(tokenizer, dtok, _embedding_rows(config), _embedding_rows(dconfig))
-        pair.draft, pair.draft_path, pair.draft_config = dmodel, draft_dir, dconfig
+    with progress.bar("loading the target", total=2 if draft_dir is not None else 1, unit="model") as bar:
+        model, tokenizer, config = load_model_dir(target_dir, "target")
+        pair = Pair(model, tokenizer, target_dir, config, pair_dir=pair_dir, draft_note=note)
+        bar.update(1)
+        if draft_dir is not None:
+            bar.set_description("loading the draft")
+            dmodel, dtok, dconfig = load_model_dir(draft_dir, "draft")
+            pair.compatibility = require_compatible(tokenizer, dtok, _embedding_rows(config), _embedding_rows(dconfig))
+            pair.draft, pair.draft_path, pair.draft_config = dmodel, draft_dir, dconfig
+            bar.update(1)
     return pair
 
 

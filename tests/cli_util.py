@@ -16,7 +16,8 @@ import sys
 
 def run_cli(cwd, *args, endpoint=None, hub=None, input=None, preexec_fn=None, timeout=180, **env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
-    env.update(HF_HOME=str(cwd / "hf"), HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", **env_extra)
+    env.update(HF_HOME=str(cwd / "hf"), HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error")
+    env.update(env_extra)  # may override the above (e.g. TRANSFORMERS_VERBOSITY)
     if endpoint or hub:
         env["HF_ENDPOINT"] = endpoint or hub.url
     return subprocess.run([sys.executable, "-m", "mlxspec.cli", *args], cwd=cwd, env=env, input=input,

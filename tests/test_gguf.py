@@ -83,7 +83,7 @@ def tiny_model(arch, seed=0):
 
 
 def write_gguf(path, arch, model, cfg, quant=(), pre="qwen2", add_bos=False, with_template=True,
-               extra_tensor=None, name=None):
+               extra_tensor=None, name=None, tokens=None):
     """Write `model` as llama.cpp would; tensors whose GGUF name contains a string in `quant` go Q8_0.
     Returns {mlx name: float32 weights the file really holds (after Q8_0 round trip)}."""
     w = GGUFWriter(str(path), arch)
@@ -100,7 +100,8 @@ def write_gguf(path, arch, model, cfg, quant=(), pre="qwen2", add_bos=False, wit
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
         w.add_sliding_window(cfg["sliding_window"])
-    tokens, merges = tiny_models.vocab_list(cfg["vocab_size"])
+    vocab, merges = tiny_models.vocab_list(cfg["vocab_size"])
+    tokens = vocab if tokens is None else tokens  # the same tokens in another order: another tokenizer
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -334,7 +335,7 @@ def test_escape_sequences_in_the_name_never_reach_the_terminal(tmp_path, home):
     res = run_cli(tmp_path, "generate", "--model", str(tmp_path / "q.gguf"), "--no-draft", "-p", "hi", "-m", "2",
                   MLXSPEC_HOME=str(home))
     assert res.returncode == 0, res.stderr
-    assert f"[{shown} (no draft);" in res.stderr
+    assert f"[{shown} (GGUF, " in res.stderr and "; no draft model;" in res.stderr
     assert not any(c in res.stderr for c in "\x1b\x07\r\u202e")
     # a folder converted before names were escaped, or any other config naming the model
     from mlxspec.loading import model_name
