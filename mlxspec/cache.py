@@ -15,6 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from . import progress
 from .errors import MlxspecError
 
 PREFILL_STEP = 512
@@ -91,11 +92,13 @@ class ModelState:
         """Feed all but the last token of what the cache lacks, in chunks (checking
         `should_stop` between chunks, so a long prompt can be cancelled)."""
         pending = self.sync(history)
-        while len(pending) > 1 and not (should_stop is not None and should_stop()):
-            chunk = pending[: min(PREFILL_STEP, len(pending) - 1)]
-            self.forward(chunk)
-            mx.eval([c.state for c in self.cache])
-            pending = pending[len(chunk):]
+        with progress.prefill(len(pending) - 1) as report:  # a bar on a terminal (progress.py)
+            while len(pending) > 1 and not (should_stop is not None and should_stop()):
+                chunk = pending[: min(PREFILL_STEP, len(pending) - 1)]
+                self.forward(chunk)
+                mx.eval([c.state for c in self.cache])
+                pending = pending[len(chunk):]
+                report(len(chunk))
         return pending
 
     def reset(self):
