@@ -16,7 +16,7 @@ The folder holds what `mlx_lm.utils.load` reads:
   when the file has no `output.weight`.
 * Hugging Face fast-tokenizer files (`tokenizer.json`, `tokenizer_config.json`
   with the chat template and BOS/EOS), built from the GGUF metadata with the
-  converter in `transformers.integrations.gguf`, no torch needed.
+  converter in `transformers.integrations.gguf`, no torch needed (gguf_tokenizer.py).
 
 The first call converts (seconds to a minute) into a temp folder beside the cache
 entry and renames it into place (temps are named after their process; a later
@@ -25,7 +25,9 @@ the GGUF (~1 s per GB) to find the entry.  A truncated or corrupt file raises
 `MlxspecError` naming the file and leaves no cache entry.  GGUF has no checksums:
 a flipped bit in a weight is only caught if it makes a weight non-finite, or by
 `expected_sha256` (catalog files are converted with their pinned hash, see
-`mlxspec.weights.converted`).
+`mlxspec.weights.converted`).  Metadata that makes no sense (a head count of 0, a
+length that is not a whole number) is a one-line `MlxspecError` naming the key.
+On a terminal, conversion shows a progress bar (tensors done / total).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import numpy as np
 
 from . import progress, tempfiles
 from .errors import MlxspecError, write_failure
+from .gguf_tokenizer import eos_ids, read_tokenizer, tokenizer_files  # noqa: F401  (public here too)
 from .paths import cache_dir
 from .untrusted import printable
 
@@ -74,9 +77,6 @@ GEMMA3_LAYER_NAMES = {
 }
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
-# Tokens llama.cpp treats as end of generation when the vocabulary has them as control tokens.
-EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|end_of_text|>"}
-CONTROL = 3
 
 
 def _say(progress: bool, message: str) -> None:
@@ -230,67 +230,6 @@ def file_type_name(value) -> str | None:
         return LlamaFileType(int(value)).name.removeprefix("MOSTLY_")
     except (TypeError, ValueError):
         return None
-
-
-def eos_ids(meta: dict, tokens: list, token_types: list) -> list[int]:
-    """EOS first, then the other end-of-generation ids llama.cpp would stop on."""
-    ids = [meta.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
-    ids += [i for i, (t, kind) in enumerate(zip(tokens, token_types)) if kind == CONTROL and t in EOG_TEXTS]
-    return list(dict.fromkeys(int(i) for i in ids if i is not None))
-
-
-def tokenizer_files(meta: dict) -> tuple[str, dict]:
-    """(tokenizer.json text, tokenizer_config dict) for the tokenizer described in `meta`."""
-    from tokenizers import pre_tokenizers, processors
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-
-    arch = meta["general.architecture"]
-    spec = {
-        name: meta[f"tokenizer.{key}"]
-        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
-        if f"tokenizer.{key}" in meta
-    }
-    tokens = spec["tokens"]
-    backend, _ = convert_gguf_tokenizer(arch, spec)
-    if spec.get("pre_tokenizer_type") == "smollm":
-        # llama.cpp's `smollm`: every digit on its own, then GPT-2's byte-level split.
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-        )
-
-    def token_id(key):
-        i = meta.get(f"tokenizer.ggml.{key}")
-        return int(i) if i is not None and 0 <= int(i) < len(tokens) else None
-
-    def token(key):
-        i = token_id(key)
-        return None if i is None else tokens[i]
-
-    # Bake BOS/EOS adding into tokenizer.json, so every reader of the file agrees.
-    bos, eos = token("bos_token_id"), token("eos_token_id")
-    add_bos = bos is not None and bool(meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama"))
-    add_eos = eos is not None and bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    single = ([bos] if add_bos else []) + ["$A"] + ([eos] if add_eos else [])
-    pair = single + [("$B:1" if t == "$A" else t) for t in single]
-    specials = ([(bos, token_id("bos_token_id"))] if add_bos else []) + (
-        [(eos, token_id("eos_token_id"))] if add_eos and eos != bos else []
-    )
-    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
-
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": token("unknown_token_id"),
-        "pad_token": token("padding_token_id"),
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(meta.get(f"{arch}.context_length", 0)) or None,
-    }
-    if meta.get("tokenizer.chat_template"):
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return backend.to_str(), {k: v for k, v in config.items() if v is not None}
 
 
 def shard_plan(tensors, limit: int = SHARD_BYTES) -> list[list]:
@@ -453,21 +392,3 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
     _say(progress, f"converted {path.name} in {time.perf_counter() - start:.1f} s -> {final}")
     return final
 
-
-def read_tokenizer(path: Path):
-    """The Hugging Face tokenizer a conversion of GGUF `path` would write, built from
-    its metadata alone (no weight is read or converted): for checking a pair first."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    path = Path(path)
-    reader = open_gguf(path)
-    try:
-        meta = metadata(reader)
-        tok_json, tok_config = tokenizer_files(meta)
-    except MlxspecError:
-        raise
-    except Exception as e:
-        raise MlxspecError(f"{path}: cannot build a tokenizer from its metadata ({_one_line(e)})") from None
-    specials = {k: tok_config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in tok_config}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok_json), **specials)

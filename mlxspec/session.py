@@ -53,7 +53,6 @@ Design:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import warnings
 from pathlib import Path
@@ -377,6 +376,6 @@ class Session:
     @classmethod
     def load(cls, path, pair=None, **overrides) -> "Session":
         """A session restored from `save()`.  Without `pair`, the saved model paths
-        are loaded.  `overrides` are Session keyword arguments (e.g. draft=False).
+        are loaded.  `overrides` are Session keyword arguments (e.g. drafting=False).
         Every field is checked: a bad file is a one-line MlxspecError naming it."""
         return load_session(cls, path, pair, **overrides)

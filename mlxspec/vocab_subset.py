@@ -207,6 +207,7 @@ class _Rows:
     def __init__(self, layer, ids: mx.array, embedding: bool):
         self.layer, self.embedding = layer, embedding
         self.params = {k: layer[k][ids] for k in ("weight", "scales", "biases", "bias") if k in layer}
+        mx.eval(self.params)  # now: MLX streams are per thread, and replies may run on another one
         self.quantized = "scales" in self.params
 
     def __getattr__(self, name):

@@ -120,7 +120,7 @@ def test_truncated_weights(tmp_path):
 
 def test_missing_model():
     line = one_line_error(run_cli("generate", "--model", "/nonexistent/model", "-p", "x"))
-    assert "not found" in line
+    assert "/nonexistent/model: no such file or folder" in line  # not "model not found" / "not in the HF cache"
 
 
 def test_ssm_model_is_refused(tmp_path):

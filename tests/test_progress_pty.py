@@ -61,7 +61,7 @@ def test_ctrl_c_while_a_long_message_is_processed_drops_it(tmp_path):
     p = Pty(argv, env)
     try:
         p.expect(PROMPT, timeout=120)
-        p.send("Summarise this: " + "the quick brown fox jumps over the lazy dog " * 400 + "\n")
+        p.send("Summarise this: " + "the quick brown fox jumps over the lazy dog " * 650 + "\n")
         p.expect(r"processing the prompt: *\d+%", timeout=120)
         p.send("\x03")
         m = p.expect(SUMMARY, timeout=120)

@@ -116,3 +116,27 @@ def test_no_deprecation_warning_from_the_new_names(tiny_pair):
         warnings.simplefilter("error")
         s = Session(tiny_pair, drafting=False, max_tokens=2)
         s.drafting = True
+
+
+def test_a_pruned_draft_head_built_on_one_thread_drafts_on_another(tiny_pair):
+    """The README's Session example: the pair is loaded (and the draft's pruned head
+    built) on the main thread, replies run on a worker thread.  MLX streams are per
+    thread, so a lazily built head crashed there with 'There is no Stream(cpu, 0)
+    in current thread'."""
+    import threading
+
+    decoder = mlxspec.make_decoder(tiny_pair, "model", 3, draft_vocab=200)
+    assert decoder.drafter.subset is not None
+    got = {}
+
+    def work():
+        try:
+            got["result"] = mlxspec.generate(tiny_pair, "hello", max_tokens=8, decoder=decoder)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            got["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    assert got["result"].stats.draft_proposed > 0
