@@ -107,7 +107,8 @@ class Session:
         if pair is None:
             from .loading import load
 
-            pair = load(model, draft, no_draft=no_draft)
+            uses_draft_model = draft is not None or drafter in (None, "model", "hybrid") or isinstance(drafter, Drafter)
+            pair = load(model, draft, no_draft=no_draft or not uses_draft_model)  # lookup etc.: no partner loaded
         self.pair = pair
         self.tokenizer = pair.tokenizer
         self.on_cancel = on_cancel

@@ -56,6 +56,8 @@ def test_draft_names_a_model_and_drafting_switches(tiny_pair_dirs):
     assert reply.stats.draft_proposed > 0
     s.drafting = False
     assert s.send("again").stats.draft_proposed == 0
+    s = Session(model=str(target), drafter="lookup", max_tokens=2)  # a drafter without a draft model
+    assert not s.has_draft_model and s.drafting and s.drafter == "lookup"
 
 
 def test_the_old_meaning_of_draft_still_works_with_a_deprecation_warning(tiny_pair):
