@@ -176,11 +176,14 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
 
 
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
-                 num_draft_max=None, cost=None) -> SpeculativeDecoder:
+                 num_draft_max=None, cost=None, tree: bool | None = None) -> SpeculativeDecoder:
+    """`tree`: None (the default) verifies draft trees where the pair supports them
+    (tree_round.py; their size follows the cost model, so they stay chains where
+    width does not pay), False verifies chains."""
     d = make_drafter(pair, drafter, p_min, draft_vocab)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
     return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
-                              _target_name(pair))
+                              _target_name(pair), tree=tree)
 
 
 def _target_name(pair) -> str:
