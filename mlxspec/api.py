@@ -19,6 +19,7 @@ from typing import Iterator
 from .draft_length import FixedK
 from .drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
+from .options import check_all
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
@@ -71,7 +72,10 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_si
         if chat_template and getattr(tokenizer, "chat_template", None):
             return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], tokenize=True)
         bos = getattr(tokenizer, "bos_token", None)
-        return list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
+        ids = list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
+        if not ids:
+            raise MlxspecError("the prompt is empty: give some text for the model to continue")
+        return ids
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         if not getattr(tokenizer, "chat_template", None):
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
@@ -246,6 +250,8 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
                     draft_vocab=None, num_draft_max=None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed."""
+    check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
+              draft_vocab=draft_vocab)  # options.py's rules, as the CLI's: one line, before any work
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,

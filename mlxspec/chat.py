@@ -20,7 +20,7 @@ import unicodedata
 import click
 
 from .errors import MlxspecError
-from .generate_cli import model_options, parse_num_draft, sampling_kwargs, sampling_options
+from .options import NUM_DRAFT_HELP, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -55,18 +55,24 @@ def out(text: str = "", end: str = "\n"):
 
 def reply_summary(session, stats) -> str:
     from .session import mean_accepted_length
+    from .stats import finish_words
 
     parts = [f"{stats.generated_tokens} tokens", f"{stats.generation_tps:.1f} tok/s"]
     if stats.draft_proposed:
         parts.append(f"acceptance {100 * stats.acceptance_rate:.1f}% ({stats.draft_accepted}/{stats.draft_proposed})")
         parts.append(f"mean accepted {mean_accepted_length(stats):.2f}")
         parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
-    parts.append(f"k={session.current_k}" if session.draft else "draft off")
+    if not session.draft:
+        parts.append("draft off")
+    elif session.current_k == 0 and (getattr(session.decoder.policy, "fallback", False)
+                                     or any(n.startswith("fallback") for n in stats.notes)):
+        parts.append(f"k=0: fell back to plain decoding, drafting is not predicted to pay here "
+                     f"({stats.tokens_plain} plain / {stats.tokens_speculative} drafted-round tokens)")
+    else:
+        parts.append(f"k={session.current_k}")
     parts.append(f"prompt {stats.prompt_tokens_processed}/{stats.prompt_tokens} tok processed")
-    reason = {"cancelled": "interrupted", "length": "max tokens reached", "context": "context full",
-              "error": "error"}.get(stats.finish_reason)
-    if reason:
-        parts.append(reason)
+    if stats.finish_reason not in (None, "stop"):
+        parts.append(f"finish: {finish_words(stats.finish_reason)}")
     return "[" + ", ".join(parts) + "]"
 
 
@@ -213,10 +219,11 @@ class Chat:
               help="A pair folder (written by `mlxspec convert`); same as --model DIR.")
 @sampling_options
 @click.option("--system", default=None, help="System prompt.")
-@click.option("--max-tokens", "-m", type=int, default=1024, show_default=True, help="Longest reply.")
+@max_tokens_option(1024, "Longest reply.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
-@click.option("--num-draft", default=None, help="Draft tokens per round (default 4), or 'auto'.")
-@click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting when the draft's top probability is below this.")
+@click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)
+@click.option("--draft-p-min", type=typed("p_min"), default=0.0,
+              help="Stop drafting when the draft's top probability is below this.")
 def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, **opts):
     """Interactive chat in the terminal."""
     from .backend import describe
@@ -225,9 +232,6 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
 
     if pair_dir and model:
         raise click.UsageError("give --pair DIR or --model, not both")
-    if max_tokens < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--max-tokens")
-    num_draft = parse_num_draft(num_draft)
     pair = load(pair_dir or model, draft, no_draft=no_draft)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,

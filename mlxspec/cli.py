@@ -50,17 +50,19 @@ def cli():
 
 
 def main(argv=None):
-    """Console entry point: user errors print one line and exit 1; Ctrl-C exits 130."""
+    """Console entry point: every error is one line on stderr; usage errors (a bad option value,
+    refused before anything is loaded) exit 2, user errors 1, Ctrl-C 130."""
     try:
-        cli.main(args=argv, standalone_mode=False)
-    except click.exceptions.Abort:
+        cli.main(args=argv, prog_name="mlxspec", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("\ninterrupted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
+    except click.UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        click.echo(f"error: {printable(e.format_message(), 1000)}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"error: {printable(e.format_message(), 1000)}", err=True)
         sys.exit(e.exit_code)
     except MlxspecError as e:
         click.echo(f"error: {printable(str(e), 1000)}", err=True)  # one line, no raw escape sequences
