@@ -62,18 +62,26 @@ def reply_summary(session, stats) -> str:
         parts.append(f"acceptance {100 * stats.acceptance_rate:.1f}% ({stats.draft_accepted}/{stats.draft_proposed})")
         parts.append(f"mean accepted {mean_accepted_length(stats):.2f}")
         parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
-    if not session.draft:
-        parts.append("draft off")
-    elif session.current_k == 0 and (getattr(session.decoder.policy, "fallback", False)
-                                     or any(n.startswith("fallback") for n in stats.notes)):
-        parts.append(f"k=0: fell back to plain decoding, drafting is not predicted to pay here "
-                     f"({stats.tokens_plain} plain / {stats.tokens_speculative} drafted-round tokens)")
-    else:
-        parts.append(f"k={session.current_k}")
+    parts.append(draft_words(session, stats))
     parts.append(f"prompt {stats.prompt_tokens_processed}/{stats.prompt_tokens} tok processed")
     if stats.finish_reason not in (None, "stop"):
         parts.append(f"finish: {finish_words(stats.finish_reason)}")
     return "[" + ", ".join(parts) + "]"
+
+
+def draft_words(session, stats=None) -> str:
+    """What drafting is doing: off, a fixed k, auto, or auto fallen back to plain decoding."""
+    if not session.draft:
+        return "draft off"
+    policy = session.decoder.policy
+    if getattr(policy, "fallback", False):
+        tail = (f" ({stats.tokens_plain} plain / {stats.tokens_speculative} drafted-round tokens)"
+                if stats is not None else "")
+        return f"k=0: fell back to plain decoding, drafting is not predicted to pay here{tail}"
+    if getattr(policy, "name", None) == "auto":
+        drafted = f", {stats.mean_drafted:.1f} drafted/round" if stats is not None and stats.draft_proposed else ""
+        return f"k=auto (up to {policy.max_k}{drafted})"
+    return f"k={session.current_k}"
 
 
 class Chat:
@@ -145,7 +153,7 @@ class Chat:
             elif name == "/stats":
                 out(s.stats.summary())
                 out(f"context: {s.context_used} of {s.context_length or '?'} tokens used; "
-                    f"drafting {'on' if s.draft else 'off'} (k={s.current_k}); temp {s.temp:g}; "
+                    f"drafting {'on (' + draft_words(s) + ')' if s.draft else 'off'}; temp {s.temp:g}; "
                     f"max tokens {s.max_tokens}")
                 if s.last_stats is not None:
                     out(f"last reply: {s.last_stats.summary()}")

@@ -62,19 +62,20 @@ class Rule:
     def check(self, name: str, value):
         if isinstance(value, str) and value in self.keywords:
             return value
+        given = value  # errors quote the value as it was given
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BadValue(name, self.describe(), value)
+            raise BadValue(name, self.describe(), given)
         if self.kind is int:
             if isinstance(value, float):
-                raise BadValue(name, self.describe(), value)
+                raise BadValue(name, self.describe(), given)
         else:
             value = float(value)
             if not math.isfinite(value):
-                raise BadValue(name, self.describe(), value)
+                raise BadValue(name, self.describe(), given)
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            raise BadValue(name, self.describe(), value)
+            raise BadValue(name, self.describe(), given)
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            raise BadValue(name, self.describe(), value)
+            raise BadValue(name, self.describe(), given)
         return value
 
 
