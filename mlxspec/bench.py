@@ -112,8 +112,10 @@ def _command() -> str:
               help="Comma-separated suite names or paths to suite .json files.")
 @click.option("--prompts", "prompts_per_suite", type=click.IntRange(0), default=2, show_default=True,
               help="Prompts per suite (the first N; 0 = all).")
-@click.option("--temps", default="0", callback=_parse_temps, show_default=True, help="Comma-separated temperatures, e.g. 0,0.7.")
-@click.option("--repeats", type=typed("repeats"), default=1, show_default=True, help="Runs per prompt and contender (median).")
+@click.option("--temps", default="0", callback=_parse_temps, show_default=True,
+              help="Comma-separated temperatures, e.g. 0,0.7.")
+@click.option("--repeats", type=typed("repeats"), default=1, show_default=True,
+              help="Runs per prompt and contender (median).")
 @click.option("--max-tokens", "-m", type=click.IntRange(2), default=None,
               help=f"Tokens per generation [default: {DEFAULT_MAX_TOKENS}; {QUICK_MAX_TOKENS} with --quick].")
 @click.option("--num-draft", "-k", type=click.IntRange(1, MAX_NUM_DRAFT), default=3, show_default=True,
@@ -189,6 +191,9 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
     click.echo(format_table(doc["summary"]))
     paths = write_outputs(doc, Path(out) if out else _default_out(), echo)
     click.echo("wrote " + ", ".join(paths.values()))
+    if result.get("interrupted"):
+        echo("interrupted")
+        sys.exit(130)  # the runs done so far are reported; the exit status says they are not all
 
 
 def _pair_info(pair) -> dict:

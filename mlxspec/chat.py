@@ -20,7 +20,7 @@ import unicodedata
 import click
 
 from .errors import MlxspecError
-from .options import NUM_DRAFT_HELP, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
+from .options import NUM_DRAFT_HELP, check, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -179,10 +179,11 @@ class Chat:
                     s.system = None if arg == "-" else arg
                     out("[system prompt set]" if s.system else "[system prompt cleared]")
             elif name in ("/max-tokens", "/max"):
-                n = int(arg)
-                if n < 1:
-                    raise ValueError("must be at least 1")
-                s.max_tokens = n
+                try:
+                    n = int(arg)
+                except ValueError:
+                    n = arg
+                s.max_tokens = n = check("max_tokens", n)
                 out(f"[max tokens {n}]")
             elif name == "/save":
                 if not arg:

@@ -122,7 +122,7 @@ class Checked(click.ParamType):
     def __init__(self, name: str):
         self.rule_name = name
         self.rule = RULES[name]
-        self.name = "auto|integer" if self.rule.keywords else self.rule.kind.__name__
+        self.name = "|".join(self.rule.keywords + ("integer" if self.rule.kind is int else "number",))
 
     def convert(self, value, param, ctx):
         if value is None or not isinstance(value, str):
@@ -147,10 +147,37 @@ def typed(name: str) -> Checked:
     return Checked(name)
 
 
+BUILT_IN_DRAFTERS = ("model", "hybrid", "none")  # make_drafter's own; the rest come from drafters.DRAFTERS
+
+
+def drafter_names() -> tuple:
+    from .drafters import DRAFTERS
+
+    return BUILT_IN_DRAFTERS + tuple(DRAFTERS)
+
+
+def check_drafter(value):
+    """A drafter name (or None: the default), else BadValue."""
+    if value is None:
+        return None
+    names = drafter_names()
+    if value not in names:
+        raise BadValue("drafter", "must be one of " + ", ".join(names), value)
+    return value
+
+
+def _drafter_option(ctx, param, value):
+    try:
+        return check_drafter(value)
+    except BadValue as e:
+        raise click.BadParameter(f"{e.rule}, got {value!r}")
+
+
 def model_options(f):
     """--model/--draft/--no-draft, shared by generate, chat, bench and calibrate."""
     f = click.option("--no-draft", is_flag=True, help="Plain target decoding (same code path, for comparisons).")(f)
-    f = click.option("--draft", "draft", default=None, help="Draft model (folder, .gguf, catalog name or cached repo id).")(f)
+    f = click.option("--draft", "draft", default=None,
+                     help="Draft model (folder, .gguf, catalog name or cached repo id).")(f)
     f = click.option("--model", "model", default=None,
                      help="Target model or pair folder (default: the Qwen2.5-Coder 1.5B/0.5B pair).")(f)
     return f
@@ -188,12 +215,13 @@ def draft_options(f):
                           "65536 when the vocabulary is larger), or 'full'.")(f)
     f = click.option("--draft-p-min", type=typed("p_min"), default=0.0,
                      help="Stop drafting when the draft's probability of its token is below this.")(f)
-    f = click.option("--drafter", default=None,
+    f = click.option("--drafter", default=None, callback=_drafter_option,
                      help="model | hybrid (prompt lookup, then the draft model) | lookup (prompt n-grams, no "
                           "draft model) | layerskip (the target with layers skipped) | none (default: model "
                           "when a draft is loaded).")(f)
     f = click.option("--num-draft-max", type=typed("num_draft_max"), default=None,
-                     help="With --num-draft auto: the most tokens drafted per round (default 12; 0 = plain decoding).")(f)
+                     help="With --num-draft auto: the most tokens drafted per round "
+                          "(default 12; 0 = plain decoding).")(f)
     f = click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)(f)
     return f
 

@@ -44,7 +44,8 @@ CASES = (
        (["generate", "--model", NOWHERE, "-p", "hi", "--draft-vocab", "-1"], "--draft-vocab", "draft_vocab"),
        (["generate", "--model", NOWHERE, "-p", "hi", "--compare", "--compare-repeats", "0"], "--compare-repeats",
         "repeats"),
-       (["generate", "--model", NOWHERE, "-p", "", "--ignore-chat-template"], "--prompt", None)]
+       (["generate", "--model", NOWHERE, "-p", "", "--ignore-chat-template"], "--prompt", None),
+       (["generate", "--model", NOWHERE, "-p", "hi", "--drafter", "magic"], "--drafter", None)]
     + [(["chat", "--model", NOWHERE, opt, val], opt, rule) for opt, val, rule in SAMPLING]
     + [(["bench", "--model", NOWHERE, "--temps", "0,-1"], "--temps", None),
        (["bench", "--model", NOWHERE, "--repeats", "0"], "--repeats", "repeats"),
