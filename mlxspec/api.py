@@ -19,12 +19,11 @@ from typing import Iterator
 from .draft_length import FixedK
 from .drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
-from .options import check_all
+from .options import check_all, check_drafter
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
 from .token_ids import validate_token_ids
-from .untrusted import printable
 
 
 @dataclass
@@ -149,11 +148,8 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
 
             return HybridDrafter(PromptLookupDrafter(), d)
         return d
-    factory = DRAFTERS.get(drafter) if isinstance(drafter, str) else None
-    if factory is None:
-        raise MlxspecError(f"unknown drafter {printable(repr(drafter))}: choose one of model, hybrid, none, "
-                           f"{', '.join(DRAFTERS)}")
-    return factory(pair, p_min=p_min)
+    check_drafter(drafter)  # the CLI's rule (options.py): "unknown drafter ...: choose one of ..."
+    return DRAFTERS[drafter](pair, p_min=p_min)
 
 
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):

@@ -32,9 +32,9 @@ MAX_NUM_DRAFT = 16
 class BadValue(MlxspecError, ValueError):
     """A setting out of its range; `rule` is the message without the name and value."""
 
-    def __init__(self, name: str, rule: str, value):
+    def __init__(self, name: str, rule: str, value, message: str | None = None):
         self.name, self.rule, self.value = name, rule, value
-        super().__init__(f"{name} {rule}, got {value!r}")
+        super().__init__(message or f"{name} {rule}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,11 @@ def check_drafter(value):
     if value is None:
         return None
     names = drafter_names()
-    if value not in names:
-        raise BadValue("drafter", "must be one of " + ", ".join(names), value)
+    if not isinstance(value, str) or value not in names:
+        from .untrusted import printable
+
+        message = f"unknown drafter {printable(repr(value))}: choose one of {', '.join(names)}"
+        raise BadValue("drafter", "", value, message)
     return value
 
 
@@ -170,7 +173,7 @@ def _drafter_option(ctx, param, value):
     try:
         return check_drafter(value)
     except BadValue as e:
-        raise click.BadParameter(f"{e.rule}, got {value!r}")
+        raise click.BadParameter(str(e))
 
 
 def model_options(f):
