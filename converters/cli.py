@@ -20,7 +20,7 @@ from .convert import DEFAULT_CONTEXT, QUANTIZE_CHOICES, convert_pair
               help="Weight bits [default: 4 on Metal, none on the CPU backend].")
 @click.option("--context", type=typed("context"), default=DEFAULT_CONTEXT, show_default=True,
               help="Tokens of KV cache to budget for.")
-@click.option("--budget", type=float, default=None,
+@click.option("--budget", type=typed("budget"), default=None,
               help="Memory budget in GiB [default: this device's usable memory].")
 @click.option("--revision", default=None, help="Target branch, tag or commit [default: main].")
 @click.option("--draft-revision", default=None, help="Draft branch, tag or commit [default: main].")
@@ -34,7 +34,7 @@ def convert(target, draft, output, quantize, context, budget, revision, draft_re
 
 @click.command()
 @click.option("--context", type=typed("context"), default=DEFAULT_CONTEXT, show_default=True, help="Tokens of KV cache to budget for.")
-@click.option("--budget", type=float, default=None, help="Memory budget in GiB [default: this device's usable memory].")
+@click.option("--budget", type=typed("budget"), default=None, help="Memory budget in GiB [default: this device's usable memory].")
 def pairs(context, budget):
     """Known-good draft/target pairs, their memory needs, and whether they fit here."""
     from mlxspec.backend import describe

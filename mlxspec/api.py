@@ -133,6 +133,7 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
     vocabulary subset size (None: the default; 'full': the whole vocabulary)."""
     if isinstance(drafter, Drafter):
         return drafter
+    check_all(p_min=p_min, draft_vocab=draft_vocab)
     if drafter is None:
         drafter = "model" if pair.draft is not None else "none"
     if drafter == "none":
@@ -161,6 +162,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
     from . import cost_model
     from .draft_length import DEFAULT_MAX_K, PerToken
 
+    check_all(num_draft=num_draft, num_draft_max=num_draft_max)  # Session's settings too
     if not drafter.max_k:
         return FixedK(0)
     if num_draft is None or num_draft == "auto":

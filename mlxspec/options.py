@@ -97,6 +97,7 @@ RULES = {
     "p_min": Rule(float, 0, 1),
     "draft_vocab": Rule(int, 0, words="(0 = the whole vocabulary)", keywords=("full",)),
     "context": Rule(int, 1),
+    "budget": Rule(float, 0, low_open=True, words="(GiB)"),
     "repeats": Rule(int, 1),
 }
 

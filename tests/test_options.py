@@ -54,6 +54,7 @@ CASES = (
        (["bench", "--model", NOWHERE, "-m", "1"], "--max-tokens", None),
        (["bench", "--model", NOWHERE, "--quick", "--no-draft"], "--no-draft", None),
        (["pairs", "--context", "-5"], "--context", "context"),
+       (["pairs", "--budget", "0"], "--budget", "budget"),
        (["convert", "org/target", "--draft", "org/draft", "--context", "-5"], "--context", "context")]
 )
 
@@ -89,6 +90,16 @@ def test_api_refuses_bad_values_in_one_line(tiny_pair, kwargs, name):
         with pytest.raises(mlxspec.MlxspecError) as e:
             call(tiny_pair, "hello", **kwargs)
         assert str(e.value).startswith(f"{name} {RULES[name].describe()}, got "), str(e.value)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"num_draft": 20}, "num_draft"), ({"p_min": -0.5}, "p_min"),
+                                          ({"temp": -1}, "temp")])
+def test_session_refuses_bad_values_when_made(tiny_pair, kwargs, name):
+    from mlxspec.session import Session
+
+    with pytest.raises(mlxspec.MlxspecError) as e:
+        Session(tiny_pair, **kwargs)
+    assert str(e.value).startswith(f"{name} {RULES[name].describe()}, got "), str(e.value)
 
 
 def test_empty_raw_prompt_is_refused_in_one_line(tiny_pair):
