@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# finish_reason -> the words the summaries print (generate, chat); "cancelled" reads as "interrupted"
+FINISH_WORDS = {
+    "stop": "stop (end of text)",
+    "length": "length (max tokens reached)",
+    "context": "context (the model's context is full)",
+    "cancelled": "interrupted",
+    "error": "error",
+}
+
+
+def finish_words(reason: str | None) -> str | None:
+    return None if reason is None else FINISH_WORDS.get(reason, reason)
+
 
 @dataclass
 class GenerationStats:
@@ -128,4 +141,6 @@ class GenerationStats:
         if any(n.startswith("fallback") for n in self.notes):
             parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")
         parts.append(f"prompt {self.prompt_tokens} tok at {self.prompt_tps:.1f} tok/s")
+        if self.finish_reason is not None:
+            parts.append(f"finish: {finish_words(self.finish_reason)}")
         return ", ".join(parts)
