@@ -248,15 +248,16 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
-                    draft_vocab=None, num_draft_max=None, **sampling) -> GenerationStream:
+                    draft_vocab=None, num_draft_max=None, tree: bool | None = None,
+                    **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
-    repetition_penalty, repetition_context_size, seed."""
+    repetition_penalty, repetition_context_size, seed.  `tree`: see make_decoder."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
               draft_vocab=draft_vocab)  # options.py's rules, as the CLI's: one line, before any work
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
-                                      num_draft_max=num_draft_max)
+                                      num_draft_max=num_draft_max, tree=tree)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

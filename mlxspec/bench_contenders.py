@@ -10,7 +10,7 @@ from typing import Iterator
 from .errors import MlxspecError
 
 DRAFTERS = ("model", "hybrid", "lookup", "layerskip")
-ALL_CONTENDERS = "plain,mlx-lm,mlx-lm-plain,model,model:auto,lookup,lookup:auto,layerskip,layerskip:auto"
+ALL_CONTENDERS = "plain,mlx-lm,mlx-lm-plain,model,model:auto,model:auto:chain,lookup,lookup:auto,layerskip,layerskip:auto"
 
 
 @dataclass
@@ -158,8 +158,10 @@ class MlxspecContender(Contender):
 
     kind = "mlxspec"
 
-    def __init__(self, name: str, drafter: str = "model", num_draft=3, spec: str = "", p_min: float = 0.0):
+    def __init__(self, name: str, drafter: str = "model", num_draft=3, spec: str = "", p_min: float = 0.0,
+                 tree: bool | None = None):
         super().__init__(name, spec)
+        self.tree = tree  # None: trees where supported (the default); False: chains
         self.drafter = drafter
         self.num_draft = num_draft if drafter != "none" else 0
         self.p_min = p_min
@@ -183,7 +185,7 @@ class MlxspecContender(Contender):
     def decoder(self, pair):
         from .api import make_decoder
 
-        return make_decoder(pair, self.drafter, self.num_draft, self.p_min)
+        return make_decoder(pair, self.drafter, self.num_draft, self.p_min, tree=self.tree)
 
     def stream(self, pair, ids, temp, max_tokens, seed, info):
         # the public streaming API, which detokenizes as it goes (as mlx-lm's does)
@@ -253,9 +255,13 @@ def parse_k(value: str, default):
 
 
 def make_contender(spec: str, default_k: int = 3) -> Contender:
-    """'plain', 'mlx-lm[:K]', 'mlx-lm-plain', or '<drafter>[:K|:auto]' for drafter in model/lookup/layerskip."""
+    """'plain', 'mlx-lm[:K]', 'mlx-lm-plain', or '<drafter>[:K|:auto][:chain]' for drafter in
+    model/lookup/layerskip (':chain': verify chains, not trees)."""
     spec = spec.strip()
     name, _, arg = spec.partition(":")
+    arg, _, shape = arg.partition(":")
+    if shape not in ("", "chain"):
+        raise MlxspecError(f"bad contender {spec!r}: the third part can only be 'chain'")
     if name == "plain":
         return MlxspecContender("plain", "none", 0, spec)
     if name == "mlx-lm-plain":
@@ -267,15 +273,16 @@ def make_contender(spec: str, default_k: int = 3) -> Contender:
         return MlxLmContender(f"mlx-lm k={k}", k, spec)
     if name in DRAFTERS:
         k = parse_k(arg, default_k)
-        return MlxspecContender(f"mlxspec {name} " + ("auto" if k == "auto" else f"k={k}"), name, k, spec)
+        label = f"mlxspec {name} " + ("auto" if k == "auto" else f"k={k}") + (" chains" if shape else "")
+        return MlxspecContender(label, name, k, spec, tree=False if shape else None)
     raise MlxspecError(
         f"unknown contender {spec!r}: plain, mlx-lm[:K], mlx-lm-plain, or {'/'.join(DRAFTERS)}[:K|:auto]")
 
 
 def default_contenders() -> str:
     """plain, mlx-lm, the draft model at fixed k and with the per-token draft length
-    (the default), and prompt lookup."""
-    return "plain,mlx-lm,model,model:auto,lookup:auto"
+    (the default: trees where supported; and with chains only), and prompt lookup."""
+    return "plain,mlx-lm,model,model:auto,model:auto:chain,lookup:auto"
 
 
 def make_contenders(specs: str | None, default_k: int = 3) -> list[Contender]:

@@ -76,6 +76,8 @@ def summarize(records: list[dict], contenders: list[str], baseline: str = "plain
                 passes = sum(r["target_passes"] for r in mine)
                 tokens = sum(r["generated_tokens"] for r in mine)
                 checked = [r["matches_plain"] for r in mine if r.get("matches_plain") is not None]
+                trees = [r.get("mlxspec_stats") or {} for r in mine]
+                tree_rounds = sum(t.get("tree_rounds", 0) for t in trees)
                 rows.append({
                     "temp": temp,
                     "suite": suite,
@@ -95,5 +97,9 @@ def summarize(records: list[dict], contenders: list[str], baseline: str = "plain
                     "generated_tokens": tokens,
                     "peak_memory_bytes": max(r["peak_memory_bytes"] for r in mine),
                     "greedy_match": {"matched": sum(checked), "checked": len(checked)} if checked else None,
+                    "tree_nodes_per_round": sum(t.get("tree_nodes", 0) for t in trees) / tree_rounds
+                    if tree_rounds else None,
+                    "tree_depth_per_round": sum(t.get("tree_depth", 0) for t in trees) / tree_rounds
+                    if tree_rounds else None,
                 })
     return rows

@@ -67,7 +67,15 @@ def _match(m):
     return "-" if not m else f"{m['matched']}/{m['checked']}"
 
 
-TABLE_COLUMNS = ("suite", "contender", "tok/s", "speed-up", "e2e", "accept", "tok/pass", "peak MB", "= plain")
+TABLE_COLUMNS = ("suite", "contender", "tok/s", "speed-up", "e2e", "accept", "tok/pass", "tree n/d", "peak MB",
+                 "= plain")
+
+
+def _tree(r) -> str:
+    """Mean tree size / depth per round ('-': chains)."""
+    if r.get("tree_nodes_per_round") is None:
+        return "-"
+    return f"{r['tree_nodes_per_round']:.1f}/{r['tree_depth_per_round']:.1f}"
 
 
 def table_rows(summary: list[dict], temp: float) -> list[list[str]]:
@@ -79,7 +87,8 @@ def table_rows(summary: list[dict], temp: float) -> list[list[str]]:
             r["suite"], r["contender"], _num(r["tokens_per_s"]),
             "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
             "-" if r.get("e2e_speedup") is None else f"{r['e2e_speedup']:.2f}x", _pct(r["acceptance_rate"]),
-            _num(r["mean_accepted_length"]), f"{r['peak_memory_bytes'] / 2**20:.0f}", _match(r["greedy_match"]),
+            _num(r["mean_accepted_length"]), _tree(r), f"{r['peak_memory_bytes'] / 2**20:.0f}",
+            _match(r["greedy_match"]),
         ])
     return rows
 

@@ -44,7 +44,7 @@ def _say(text: str) -> None:
               help="With --compare: timed runs of each side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
-             draft_vocab, ignore_chat_template, compare, compare_repeats, as_json, **opts):
+             draft_vocab, tree, ignore_chat_template, compare, compare_repeats, as_json, **opts):
     """Generate text from a prompt, speculatively."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -59,7 +59,7 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
     needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
     pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
     decoder_kw = dict(drafter="none" if no_draft else drafter, num_draft=num_draft, p_min=draft_p_min,
-                      draft_vocab=draft_vocab, num_draft_max=num_draft_max)
+                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
     sampling = sampling_kwargs(opts)
     stream, interrupted, ids = None, False, []
     try:

@@ -213,7 +213,10 @@ NUM_DRAFT_HELP = ("Draft tokens per round (0-16), or 'auto' (the default): draft
 
 
 def draft_options(f):
-    """--num-draft/--num-draft-max/--drafter/--draft-p-min/--draft-vocab, shared by generate and chat."""
+    """--num-draft/--num-draft-max/--drafter/--draft-p-min/--draft-vocab/--tree, shared by generate and chat."""
+    f = click.option("--tree/--no-tree", "tree", default=None,
+                     help="Verify draft trees (several continuations per target pass, sized by the cost model; "
+                          "the default where the models support it) or single chains (--no-tree).")(f)
     f = click.option("--draft-vocab", type=typed("draft_vocab"), default=None,
                      help="Tokens the draft's head scores: the N most frequent (FR-Spec; default "
                           "65536 when the vocabulary is larger), or 'full'.")(f)

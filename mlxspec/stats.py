@@ -137,6 +137,10 @@ class GenerationStats:
             if self.stop_reasons:
                 why = " ".join(f"{r} {n}" for r, n in sorted(self.stop_reasons.items(), key=lambda x: -x[1]))
                 parts.append(f"drafted {self.mean_drafted:.1f}/round (stops: {why})")
+            t = self.tree_summary
+            if t:
+                parts.append(f"trees {t['mean_nodes']:.1f} nodes, depth {t['mean_depth']:.1f}, "
+                             f"path {t['mean_accepted_path']:.1f}")
         parts.append(f"drafter {self.drafter}")
         if any(n.startswith("fallback") for n in self.notes):
             parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")

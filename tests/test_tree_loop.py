@@ -180,3 +180,26 @@ def test_no_tree_and_unsupported_drafters_verify_chains():
 
     dec = SpeculativeDecoder(target, ModelDrafter(drafts[0]), FixedK(3))
     assert not dec.trees and "--num-draft auto" in dec.tree_note
+
+
+@pytest.mark.real
+def test_cli_tree_and_no_tree(tmp_path):
+    """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
+    (their figures in the stats), chains with --no-tree; the same greedy text."""
+    import json
+
+    from cli_util import run_cli
+    from mlxspec import weights
+
+    if not weights.is_present("smollm2-135m"):
+        pytest.skip("smollm2-135m not fetched (mlxspec pull smollm2-135m)")
+    base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
+            "--ignore-chat-template", "-m", "24", "--json")
+    out = {}
+    for flag in ("--tree", "--no-tree"):
+        res = run_cli(tmp_path, *base, flag)
+        assert res.returncode == 0, res.stderr
+        out[flag] = json.loads(res.stdout)
+    assert out["--tree"]["tokens"] == out["--no-tree"]["tokens"]
+    assert out["--tree"]["stats"]["tree"]["rounds"] > 0
+    assert out["--no-tree"]["stats"]["tree"] is None
