@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mlxspec import memory
+from mlxspec.options import typed
 
 from . import catalog
 from .convert import DEFAULT_CONTEXT, QUANTIZE_CHOICES, convert_pair
@@ -17,9 +18,9 @@ from .convert import DEFAULT_CONTEXT, QUANTIZE_CHOICES, convert_pair
               help="Pair folder to write [default: ./<target-name>+<draft-name>].")
 @click.option("--quantize", "-q", type=click.Choice(QUANTIZE_CHOICES), default=None,
               help="Weight bits [default: 4 on Metal, none on the CPU backend].")
-@click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True,
+@click.option("--context", type=typed("context"), default=DEFAULT_CONTEXT, show_default=True,
               help="Tokens of KV cache to budget for.")
-@click.option("--budget", type=float, default=None,
+@click.option("--budget", type=typed("budget"), default=None,
               help="Memory budget in GiB [default: this device's usable memory].")
 @click.option("--revision", default=None, help="Target branch, tag or commit [default: main].")
 @click.option("--draft-revision", default=None, help="Draft branch, tag or commit [default: main].")
@@ -32,8 +33,8 @@ def convert(target, draft, output, quantize, context, budget, revision, draft_re
 
 
 @click.command()
-@click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, help="Tokens of KV cache to budget for.")
-@click.option("--budget", type=float, default=None, help="Memory budget in GiB [default: this device's usable memory].")
+@click.option("--context", type=typed("context"), default=DEFAULT_CONTEXT, show_default=True, help="Tokens of KV cache to budget for.")
+@click.option("--budget", type=typed("budget"), default=None, help="Memory budget in GiB [default: this device's usable memory].")
 def pairs(context, budget):
     """Known-good draft/target pairs, their memory needs, and whether they fit here."""
     from mlxspec.backend import describe

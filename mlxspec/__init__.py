@@ -1,19 +1,41 @@
-"""mlxspec: lossless speculative decoding for MLX."""
+"""mlxspec: lossless speculative decoding for MLX.
+
+The public names below are imported on first use (PEP 562), so `import mlxspec`
+and the `mlxspec` command start fast and a Ctrl-C while the heavy libraries load
+lands in the CLI's own handler (exit 130), not in a module import.
+"""
+
+import importlib
 
 from .backend import preload_openblas as _preload_openblas
 
 _preload_openblas()  # must run before anything imports mlx.core
 
-from .api import Chunk, GenerationStream, Result, generate, make_decoder, stream_generate  # noqa: E402
-from .errors import MlxspecError  # noqa: E402
-from .loading import Pair, load  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
-from .session import ContextFullError, Session  # noqa: E402
-from .stats import GenerationStats  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "Chunk", "ContextFullError", "GenerationStats", "GenerationStream", "MlxspecError", "Pair", "Result",
-    "SamplingParams", "Session", "generate", "load", "make_decoder", "stream_generate",
-]
+_EXPORTS = {
+    "Chunk": "api", "GenerationStream": "api", "Result": "api", "generate": "api", "make_decoder": "api",
+    "stream_generate": "api", "MlxspecError": "errors", "Pair": "loading", "load": "loading",
+    "SamplingParams": "sampling", "ContextFullError": "session", "Session": "session",
+    "GenerationStats": "stats",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule, e.g. mlxspec.api
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -19,11 +19,11 @@ from typing import Iterator
 from .draft_length import FixedK
 from .drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
+from .options import check_all, check_drafter
 from .sampling import SamplingParams
 from .speculative import SpeculativeDecoder, check_context
 from .stats import GenerationStats
 from .token_ids import validate_token_ids
-from .untrusted import printable
 
 
 @dataclass
@@ -71,7 +71,10 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_si
         if chat_template and getattr(tokenizer, "chat_template", None):
             return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], tokenize=True)
         bos = getattr(tokenizer, "bos_token", None)
-        return list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
+        ids = list(tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos))))
+        if not ids:
+            raise MlxspecError("the prompt is empty: give some text for the model to continue")
+        return ids
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         if not getattr(tokenizer, "chat_template", None):
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
@@ -130,6 +133,7 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
     vocabulary subset size (None: the default; 'full': the whole vocabulary)."""
     if isinstance(drafter, Drafter):
         return drafter
+    check_all(p_min=p_min, draft_vocab=draft_vocab)
     if drafter is None:
         drafter = "model" if pair.draft is not None else "none"
     if drafter == "none":
@@ -145,11 +149,8 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
 
             return HybridDrafter(PromptLookupDrafter(), d)
         return d
-    factory = DRAFTERS.get(drafter) if isinstance(drafter, str) else None
-    if factory is None:
-        raise MlxspecError(f"unknown drafter {printable(repr(drafter))}: choose one of model, hybrid, none, "
-                           f"{', '.join(DRAFTERS)}")
-    return factory(pair, p_min=p_min)
+    check_drafter(drafter)  # the CLI's rule (options.py): "unknown drafter ...: choose one of ..."
+    return DRAFTERS[drafter](pair, p_min=p_min)
 
 
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
@@ -161,6 +162,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
     from . import cost_model
     from .draft_length import DEFAULT_MAX_K, PerToken
 
+    check_all(num_draft=num_draft, num_draft_max=num_draft_max)  # Session's settings too
     if not drafter.max_k:
         return FixedK(0)
     if num_draft is None or num_draft == "auto":
@@ -176,11 +178,14 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
 
 
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
-                 num_draft_max=None, cost=None) -> SpeculativeDecoder:
+                 num_draft_max=None, cost=None, tree: bool | None = None) -> SpeculativeDecoder:
+    """`tree`: None (the default) verifies draft trees where the pair supports them
+    (tree_round.py; their size follows the cost model, so they stay chains where
+    width does not pay), False verifies chains."""
     d = make_drafter(pair, drafter, p_min, draft_vocab)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
     return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
-                              _target_name(pair))
+                              _target_name(pair), tree=tree)
 
 
 def _target_name(pair) -> str:
@@ -243,13 +248,16 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
-                    draft_vocab=None, num_draft_max=None, **sampling) -> GenerationStream:
+                    draft_vocab=None, num_draft_max=None, tree: bool | None = None,
+                    **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
-    repetition_penalty, repetition_context_size, seed."""
+    repetition_penalty, repetition_context_size, seed.  `tree`: see make_decoder."""
+    check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
+              draft_vocab=draft_vocab)  # options.py's rules, as the CLI's: one line, before any work
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
-                                      num_draft_max=num_draft_max)
+                                      num_draft_max=num_draft_max, tree=tree)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

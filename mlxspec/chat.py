@@ -20,7 +20,7 @@ import unicodedata
 import click
 
 from .errors import MlxspecError
-from .generate_cli import model_options, parse_num_draft, sampling_kwargs, sampling_options
+from .options import NUM_DRAFT_HELP, check, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -55,19 +55,33 @@ def out(text: str = "", end: str = "\n"):
 
 def reply_summary(session, stats) -> str:
     from .session import mean_accepted_length
+    from .stats import finish_words
 
     parts = [f"{stats.generated_tokens} tokens", f"{stats.generation_tps:.1f} tok/s"]
     if stats.draft_proposed:
         parts.append(f"acceptance {100 * stats.acceptance_rate:.1f}% ({stats.draft_accepted}/{stats.draft_proposed})")
         parts.append(f"mean accepted {mean_accepted_length(stats):.2f}")
         parts.append(f"{stats.tokens_per_pass:.2f} tok/pass")
-    parts.append(f"k={session.current_k}" if session.draft else "draft off")
+    parts.append(draft_words(session, stats))
     parts.append(f"prompt {stats.prompt_tokens_processed}/{stats.prompt_tokens} tok processed")
-    reason = {"cancelled": "interrupted", "length": "max tokens reached", "context": "context full",
-              "error": "error"}.get(stats.finish_reason)
-    if reason:
-        parts.append(reason)
+    if stats.finish_reason not in (None, "stop"):
+        parts.append(f"finish: {finish_words(stats.finish_reason)}")
     return "[" + ", ".join(parts) + "]"
+
+
+def draft_words(session, stats=None) -> str:
+    """What drafting is doing: off, a fixed k, auto, or auto fallen back to plain decoding."""
+    if not session.draft:
+        return "draft off"
+    policy = session.decoder.policy
+    if getattr(policy, "fallback", False):
+        tail = (f" ({stats.tokens_plain} plain / {stats.tokens_speculative} drafted-round tokens)"
+                if stats is not None else "")
+        return f"k=0: fell back to plain decoding, drafting is not predicted to pay here{tail}"
+    if getattr(policy, "name", None) == "auto":
+        drafted = f", {stats.mean_drafted:.1f} drafted/round" if stats is not None and stats.draft_proposed else ""
+        return f"k=auto (up to {policy.max_k}{drafted})"
+    return f"k={session.current_k}"
 
 
 class Chat:
@@ -139,7 +153,7 @@ class Chat:
             elif name == "/stats":
                 out(s.stats.summary())
                 out(f"context: {s.context_used} of {s.context_length or '?'} tokens used; "
-                    f"drafting {'on' if s.draft else 'off'} (k={s.current_k}); temp {s.temp:g}; "
+                    f"drafting {'on (' + draft_words(s) + ')' if s.draft else 'off'}; temp {s.temp:g}; "
                     f"max tokens {s.max_tokens}")
                 if s.last_stats is not None:
                     out(f"last reply: {s.last_stats.summary()}")
@@ -165,10 +179,11 @@ class Chat:
                     s.system = None if arg == "-" else arg
                     out("[system prompt set]" if s.system else "[system prompt cleared]")
             elif name in ("/max-tokens", "/max"):
-                n = int(arg)
-                if n < 1:
-                    raise ValueError("must be at least 1")
-                s.max_tokens = n
+                try:
+                    n = int(arg)
+                except ValueError:
+                    n = arg
+                s.max_tokens = n = check("max_tokens", n)
                 out(f"[max tokens {n}]")
             elif name == "/save":
                 if not arg:
@@ -213,10 +228,11 @@ class Chat:
               help="A pair folder (written by `mlxspec convert`); same as --model DIR.")
 @sampling_options
 @click.option("--system", default=None, help="System prompt.")
-@click.option("--max-tokens", "-m", type=int, default=1024, show_default=True, help="Longest reply.")
+@max_tokens_option(1024, "Longest reply.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
-@click.option("--num-draft", default=None, help="Draft tokens per round (default 4), or 'auto'.")
-@click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting when the draft's top probability is below this.")
+@click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)
+@click.option("--draft-p-min", type=typed("p_min"), default=0.0,
+              help="Stop drafting when the draft's top probability is below this.")
 def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, **opts):
     """Interactive chat in the terminal."""
     from .backend import describe
@@ -225,9 +241,6 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
 
     if pair_dir and model:
         raise click.UsageError("give --pair DIR or --model, not both")
-    if max_tokens < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--max-tokens")
-    num_draft = parse_num_draft(num_draft)
     pair = load(pair_dir or model, draft, no_draft=no_draft)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,

@@ -7,13 +7,27 @@ fast and the converters stay an optional layer on top of the runtime).
 
 from __future__ import annotations
 
-import importlib
+import os
+import signal
 import sys
 
-import click
 
-from .errors import MlxspecError
-from .untrusted import printable
+def _interrupted_while_starting(signum, frame):  # nothing is done yet: nothing to keep
+    os.write(2, b"\ninterrupted\n")
+    os._exit(130)
+
+
+if ((__name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "mlxspec")
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # (an ignored SIGINT stays ignored)
+    # run as the `mlxspec` command: a Ctrl-C before main() starts exits 130 too, not with a traceback
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import importlib  # noqa: E402
+
+import click  # noqa: E402
+
+from .errors import MlxspecError  # noqa: E402
+from .untrusted import printable  # noqa: E402
 
 COMMANDS = {
     "generate": ("mlxspec.generate_cli:generate", "Generate text from a prompt, speculatively."),
@@ -50,17 +64,21 @@ def cli():
 
 
 def main(argv=None):
-    """Console entry point: user errors print one line and exit 1; Ctrl-C exits 130."""
+    """Console entry point: every error is one line on stderr; usage errors (a bad option value,
+    refused before anything is loaded) exit 2, user errors 1, Ctrl-C 130."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here: KeyboardInterrupt, handled below
     try:
-        cli.main(args=argv, standalone_mode=False)
-    except click.exceptions.Abort:
+        cli.main(args=argv, prog_name="mlxspec", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("\ninterrupted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
+    except click.UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        click.echo(f"error: {printable(e.format_message(), 1000)}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"error: {printable(e.format_message(), 1000)}", err=True)
         sys.exit(e.exit_code)
     except MlxspecError as e:
         click.echo(f"error: {printable(str(e), 1000)}", err=True)  # one line, no raw escape sequences

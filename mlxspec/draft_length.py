@@ -122,6 +122,7 @@ class PerToken:
         self.kept = [c * PRIOR_WEIGHT for c in centers] + [0.5 * PRIOR_WEIGHT]
         self.seen = [PRIOR_WEIGHT] * (len(centers) + 1)
         self.mean = {False: [0.6 * PRIOR_WEIGHT, PRIOR_WEIGHT], True: [0.5 * PRIOR_WEIGHT, PRIOR_WEIGHT]}
+        self.siblings = [1.0, 1.0]  # a tree's later siblings: [taken, predicted] (tree_budget.py)
         self.forced = False  # a probe: draft regardless of the rule
         self.plain_since, self.probe_wait, self.fallback = 0, PROBE_EVERY, False
         self.stats = None
@@ -141,6 +142,16 @@ class PerToken:
         kept, seen = self.mean[lookup]
         a = kept / seen
         return min(1.0, a + Z_80 * (a * (1 - a) / seen) ** 0.5) if optimistic else a
+
+    def sibling_scale(self) -> float:
+        """How much more (or less) often a tree's later siblings are taken than their
+        draft probability says."""
+        taken, predicted = self.siblings
+        return taken / predicted
+
+    def update_siblings(self, predicted: float, taken: int) -> None:
+        s = self.siblings
+        s[0], s[1] = DECAY * s[0] + taken, DECAY * s[1] + predicted
 
     def worth_drafting(self) -> bool:
         """Could a first draft token be worth its cost, from any of the drafter's sources?"""

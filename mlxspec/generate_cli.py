@@ -1,4 +1,9 @@
-"""`mlxspec generate`: one prompt, streamed or as JSON, with acceptance figures."""
+"""`mlxspec generate`: one prompt, streamed or as JSON, with acceptance figures.
+
+Every option is checked while the command line is parsed (options.py), before
+anything is loaded.  Ctrl-C at any moment keeps what was generated: the partial
+text, a summary saying "interrupted", exit 130.  The summary line ends with the
+finish reason (stop, length, context, interrupted)."""
 
 from __future__ import annotations
 
@@ -7,126 +12,105 @@ import sys
 
 import click
 
-from .api import generate as run_generate
-from .api import stream_generate
-from .backend import describe
+from .options import (draft_options, max_tokens_option, model_options, sampling_kwargs,  # noqa: F401
+                      sampling_options, typed)
+
+INTERRUPTED = 130
 
 
 def parse_num_draft(value):
-    if value is None or value == "auto":
-        return value
-    try:
-        k = int(value)
-    except ValueError:
-        raise click.BadParameter("must be a whole number or 'auto'")
-    if not 0 <= k <= 16:
-        raise click.BadParameter("must be between 0 and 16")
-    return k
+    """'auto', None or a draft length 0-16 (options.py's rule); kept for callers of the old name."""
+    return typed("num_draft").convert(value, None, None)
 
 
 def parse_draft_vocab(value):
-    if value is None or value == "full":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter("must be a number of tokens or 'full'")
-    if n < 1:
-        raise click.BadParameter("must be at least 1 (or 'full' for the whole vocabulary)")
-    return n
+    return typed("draft_vocab").convert(value, None, None)
 
 
-def draft_options(f):
-    """--num-draft/--num-draft-max/--drafter/--draft-p-min/--draft-vocab, shared by generate and chat."""
-    f = click.option("--draft-vocab", default=None, callback=lambda c, p, v: parse_draft_vocab(v),
-                     help="Tokens the draft's head scores: the N most frequent (FR-Spec; default "
-                          "65536 when the vocabulary is larger), or 'full'.")(f)
-    f = click.option("--draft-p-min", type=float, default=0.0,
-                     help="Stop drafting when the draft's probability of its token is below this.")(f)
-    f = click.option("--drafter", default=None,
-                     help="model | hybrid (prompt lookup, then the draft model) | lookup (prompt n-grams, no "
-                          "draft model) | layerskip (the target with layers skipped) | none (default: model "
-                          "when a draft is loaded).")(f)
-    f = click.option("--num-draft-max", type=click.IntRange(0, 16), default=None,
-                     help="With --num-draft auto: the most tokens drafted per round (default 12; 0 = plain decoding).")(f)
-    f = click.option("--num-draft", default=None,
-                     help="Draft tokens per round, or 'auto' (default): draft token by token while the "
-                          "calibrated cost model says it pays, falling back to plain decoding when it does not.")(f)
-    return f
-
-
-def model_options(f):
-    """--model/--draft/--no-draft, shared by generate, chat and bench."""
-    f = click.option("--no-draft", is_flag=True, help="Plain target decoding (same code path, for comparisons).")(f)
-    f = click.option("--draft", "draft", default=None, help="Draft model (folder, .gguf, catalog name or cached repo id).")(f)
-    f = click.option("--model", "model", default=None,
-                     help="Target model or pair folder (default: the Qwen2.5-Coder 1.5B/0.5B pair).")(f)
-    return f
-
-
-def sampling_options(f):
-    f = click.option("--seed", type=int, default=None, help="Random seed: the same seed gives the same output.")(f)
-    f = click.option("--repetition-penalty", type=float, default=1.0, show_default=True)(f)
-    f = click.option("--min-p", type=float, default=0.0, show_default=True)(f)
-    f = click.option("--top-k", type=int, default=0, show_default=True)(f)
-    f = click.option("--top-p", type=float, default=1.0, show_default=True)(f)
-    f = click.option("--temp", type=float, default=0.0, show_default=True, help="0 = greedy.")(f)
-    return f
-
-
-def sampling_kwargs(o) -> dict:
-    return dict(temp=o["temp"], top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"],
-                repetition_penalty=o["repetition_penalty"], seed=o["seed"])
+def _say(text: str) -> None:
+    click.echo(text, err=True)
 
 
 @click.command()
 @model_options
 @click.option("--prompt", "-p", required=True, help="Prompt text ('-' reads standard input).")
-@click.option("--max-tokens", "-m", type=int, default=256, show_default=True)
+@max_tokens_option(256)
 @sampling_options
 @draft_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
-@click.option("--compare", is_flag=True, help="Also run plain target decoding and report the speed-up.")
+@click.option("--compare", is_flag=True,
+              help="Also measure plain target decoding (warm-up, interleaved repeats) and report the speed-up.")
+@click.option("--compare-repeats", type=typed("repeats"), default=3, show_default=True,
+              help="With --compare: timed runs of each side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
-             draft_vocab, ignore_chat_template, compare, as_json, **opts):
+             draft_vocab, tree, ignore_chat_template, compare, compare_repeats, as_json, **opts):
     """Generate text from a prompt, speculatively."""
-    from .loading import load
-
     if prompt == "-":
         prompt = sys.stdin.read()
-    num_draft = parse_num_draft(num_draft)
+    if ignore_chat_template and not prompt:
+        raise click.BadParameter("is empty: with --ignore-chat-template the model needs some text to continue",
+                                 param_hint="'--prompt' / '-p'")
+    from .api import encode_prompt, stream_generate
+    from .backend import describe
+    from .loading import load
+    from .stats import GenerationStats
+
     needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
     pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
-    kw = dict(max_tokens=max_tokens, num_draft=num_draft, drafter="none" if no_draft else drafter,
-              p_min=draft_p_min, chat_template=not ignore_chat_template, draft_vocab=draft_vocab,
-              num_draft_max=num_draft_max, **sampling_kwargs(opts))
-    if not as_json:
-        stream = stream_generate(pair, prompt, **kw)
-        click.echo(f"[{pair.describe()}; {describe()}]", err=True)
-        try:
-            for chunk in stream:
+    decoder_kw = dict(drafter="none" if no_draft else drafter, num_draft=num_draft, p_min=draft_p_min,
+                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
+    sampling = sampling_kwargs(opts)
+    stream, interrupted, ids = None, False, []
+    try:
+        ids = encode_prompt(pair.tokenizer, prompt, not ignore_chat_template, pair.vocab_size)
+        stream = stream_generate(pair, ids, max_tokens=max_tokens, **decoder_kw, **sampling)
+        _say(f"[{pair.describe()}; {describe()}]")  # after the prompt and settings passed their checks
+        for chunk in stream:
+            if not as_json:
                 click.echo(chunk.text, nl=False)
-        except KeyboardInterrupt:
+    except KeyboardInterrupt:
+        interrupted = True
+        if stream is not None:
             stream.close()
-            click.echo("\n[interrupted]", err=True)
+    stats = stream.stats if stream is not None else GenerationStats()
+    if interrupted:
+        stats.finish_reason = "cancelled"
+    if not as_json:
         click.echo()
-        stats = stream.stats
-        click.echo(f"[{stats.summary()}]", err=True)
-        result_text, result_tokens = stream.text, stream.tokens
-    else:
-        res = run_generate(pair, prompt, **kw)
-        stats, result_text, result_tokens = res.stats, res.text, res.tokens
-    out = {"text": result_text, "tokens": result_tokens, "stats": stats.to_dict(), "backend": describe(),
+        _say(f"[{stats.summary()}]")
+        if stats.finish_reason == "context":
+            _say(f"[stopped at the model's context limit ({pair.context_length} tokens): "
+                 f"{stats.generated_tokens} of the {max_tokens} tokens asked for were generated]")
+    out = {"text": stream.text if stream else "", "tokens": stream.tokens if stream else [],
+           "finish_reason": stats.finish_reason, "stats": stats.to_dict(), "backend": describe(),
            "pair": pair.describe()}
-    if compare:
-        plain = run_generate(pair, prompt, **{**kw, "drafter": "none"})
-        speedup = stats.generation_tps / plain.stats.generation_tps if plain.stats.generation_tps else 0.0
-        out["plain"] = {"stats": plain.stats.to_dict(), "same_text": plain.tokens == result_tokens}
-        out["speedup"] = speedup
-        if not as_json:
-            click.echo(f"[plain target decoding: {plain.stats.generation_tps:.2f} tok/s; speculative: "
-                       f"{stats.generation_tps:.2f} tok/s; speed-up {speedup:.2f}x; acceptance "
-                       f"{100 * stats.acceptance_rate:.1f}%; identical output: {plain.tokens == result_tokens}]", err=True)
+    if compare and not interrupted and stream is not None:
+        interrupted = _compare(pair, ids, decoder_kw, sampling, max_tokens, compare_repeats, out, as_json)
     if as_json:
+        out["interrupted"] = interrupted
         click.echo(json.dumps(out))
+    if interrupted:
+        _say("interrupted")
+        sys.exit(INTERRUPTED)
+
+
+def _compare(pair, ids, decoder_kw, sampling, max_tokens, repeats, out, as_json) -> bool:
+    """Run --compare into `out`; True when Ctrl-C stopped it."""
+    from . import bench_compare
+
+    try:
+        c = bench_compare.compare(pair, ids, decoder_kw, sampling, max_tokens=max_tokens, repeats=repeats, echo=_say)
+    except KeyboardInterrupt:
+        out["compare"] = None
+        _say("[--compare interrupted: no speed-up figure]")
+        return True
+    last = c["runs"][-1]
+    out["compare"] = {k: v for k, v in c.items() if k != "runs"}
+    out["compare"]["runs"] = [{k: v for k, v in r.items() if not k.endswith("_stats")} for r in c["runs"]]
+    out["plain"] = {"stats": last["plain_stats"], "same_text": c["same_tokens"]}
+    out["speedup"] = c["speedup"]
+    if not as_json:
+        _say(f"[{bench_compare.describe(c)}]")
+    return False
+

@@ -29,16 +29,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temp < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temp}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        """Every field checked by options.py's rules: a bad one is a one-line BadValue (an MlxspecError)."""
+        from .options import check
+
+        for name in ("temp", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_context_size", "seed"):
+            object.__setattr__(self, name, check(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:

@@ -10,9 +10,9 @@ first turned on.
 from __future__ import annotations
 
 from .api import make_drafter, make_policy
-from .drafters import DRAFTERS, Drafter
+from .drafters import Drafter
 from .errors import MlxspecError
-from .untrusted import printable
+from .options import check_drafter
 
 
 class Drafting:
@@ -24,9 +24,8 @@ class Drafting:
                                "drafter='lookup' (prompt n-grams, no draft model)")
         self.pair, self.decoder = pair, decoder
         self.num_draft, self.p_min = num_draft, p_min
-        if not isinstance(drafter, Drafter) and drafter not in ("model", "hybrid", "none", *DRAFTERS):
-            raise MlxspecError(f"unknown drafter {printable(repr(drafter))}: choose one of model, hybrid, none, "
-                               f"{', '.join(DRAFTERS)}")
+        if not isinstance(drafter, Drafter):
+            check_drafter(drafter)  # the CLI's rule (options.py)
         self.name = drafter.name if isinstance(drafter, Drafter) else drafter
         self._choice = drafter  # a name is built into a Drafter when drafting is first turned on
         self._drafter = drafter if isinstance(drafter, Drafter) else None

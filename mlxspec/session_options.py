@@ -7,12 +7,10 @@ the command line.  The errors are also ValueErrors, for callers that catch those
 
 from __future__ import annotations
 
-import math
-
 from .errors import MlxspecError
+from .options import check
 from .sampling import SamplingParams
 
-MAX_NUM_DRAFT = 16  # as `--num-draft`
 ON_CANCEL = ("keep", "drop")
 _UNSET = object()
 
@@ -21,24 +19,17 @@ class SessionSettingError(MlxspecError, ValueError):
     """A Session setting out of range or of the wrong type."""
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_options(*, pair=None, model=_UNSET, draft=_UNSET, max_tokens=_UNSET, num_draft=_UNSET, p_min=_UNSET,
                   on_cancel=_UNSET, system=_UNSET, drafting=_UNSET) -> None:
-    """Raise SessionSettingError for the first bad value among those given."""
+    """Raise a one-line MlxspecError (also a ValueError) for the first bad value among
+    those given; numbers by options.py's rules, the CLI's."""
     if pair is not None and (model not in (_UNSET, None) or draft not in (_UNSET, None)):
         raise SessionSettingError("give a loaded pair or model=/draft=, not both")
-    if max_tokens is not _UNSET and not (_is_int(max_tokens) and max_tokens >= 1):
-        raise SessionSettingError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-    if num_draft is not _UNSET and num_draft not in (None, "auto") and not (
-            _is_int(num_draft) and 0 <= num_draft <= MAX_NUM_DRAFT):
-        raise SessionSettingError(f"num_draft must be 'auto' or a whole number from 0 to {MAX_NUM_DRAFT}, "
-                                  f"got {num_draft!r}")
-    if p_min is not _UNSET and not (isinstance(p_min, (int, float)) and not isinstance(p_min, bool)
-                                    and math.isfinite(p_min) and 0 <= p_min <= 1):
-        raise SessionSettingError(f"p_min must be a probability from 0 to 1, got {p_min!r}")
+    if max_tokens is None:
+        raise SessionSettingError("max_tokens must be a whole number >= 1, got None")
+    for name, value in (("max_tokens", max_tokens), ("num_draft", num_draft), ("p_min", p_min)):
+        if value is not _UNSET:
+            check(name, value)
     if on_cancel is not _UNSET and on_cancel not in ON_CANCEL:
         raise SessionSettingError(f"on_cancel must be 'keep' or 'drop', got {on_cancel!r}")
     if system is not _UNSET and system is not None and not isinstance(system, str):

@@ -48,7 +48,8 @@ class SessionStats:
         lines = [
             f"turns: {self.turns} ({self.cancelled} interrupted)",
             f"generated: {t.generated_tokens} tokens in {t.generation_time:.2f} s ({t.generation_tps:.2f} tok/s), "
-            f"{t.target_passes} target passes ({t.tokens_per_pass:.2f} tokens/pass)",
+            f"{t.target_passes} target passes"
+            + (f" ({t.tokens_per_pass:.2f} tokens/pass)" if t.draft_proposed else ""),  # without drafts: 1 less EOS
         ]
         if t.draft_proposed:
             by_pos = " ".join(f"{100 * a:.0f}%" for a in t.acceptance_by_position)

@@ -26,11 +26,12 @@ import mlx.core as mx
 from .acceptance import leading_accepted, verify
 from .cache import ModelState
 from .draft_length import FixedK, Round
-from .drafters import EMPTY, Drafter
+from .drafters import EMPTY, Drafter, PromptLookupDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
 from .stats import GenerationStats
 from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
+from .tree_round import run_tree_round, tree_unsupported
 
 DEFAULT_NUM_DRAFT = 4
 
@@ -48,7 +49,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
                  context_length: int | None = None, vocab_size: int | None = None,
-                 target_name: str = "the target model"):
+                 target_name: str = "the target model", tree: bool | None = None):
         """`vocab_size`: ids the caller's models can all embed (`Pair.vocab_size`);
         the decoder also never accepts more than its target and drafter embed."""
         self.target = ModelState(target_model)
@@ -59,10 +60,15 @@ class SpeculativeDecoder:
             policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
         self.policy = policy
         self.context_length = context_length
+        self.tree_note = tree_unsupported(target_model, self.drafter, policy) if tree is not False else None
+        self.trees = tree is not False and self.tree_note is None  # None (auto) or True: trees where they work
+        self.lookup = PromptLookupDrafter() if self.trees else None  # its continuations join the trees
 
     def reset(self):
         self.target.reset()
         self.drafter.reset()
+        if self.lookup is not None:
+            self.lookup.reset()
 
     @property
     def token_limit(self) -> int | None:
@@ -75,6 +81,29 @@ class SpeculativeDecoder:
         """A one-line MlxspecError for an id no model here can embed (MLX would
         read past the embedding table: a crash, or garbage)."""
         validate_token_ids(history, self.token_limit, what)
+
+    def _chain_round(self, history, k, params, k_draft, k_verify, rnd):
+        """Draft a chain of up to k tokens and verify it: (time drafting ended,
+        drafted count, accepted tokens, next token, (confidence, kept) outcomes)."""
+        proposal = self.drafter.propose(history, k, params, k_draft, rnd) if k else EMPTY
+        t_verify = time.perf_counter()
+        drafted = proposal.tokens
+        pending = self.target.sync(history)
+        logits = self.target.forward(pending + drafted)[len(pending) - 1:]
+        contexts = None
+        if params.uses_context:
+            contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
+        logprobs = process_logits(logits, params, contexts)
+        accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify)
+        finite = mx.isfinite(logits.sum())
+        mx.eval(accepted, next_tokens, finite)
+        if not finite.item():
+            raise MlxspecError(
+                f"{self.target_name} produced NaN/inf logits: its weights are corrupt or overflow "
+                "in this dtype; re-convert or re-download it")
+        n = leading_accepted(accepted.tolist())
+        outcomes = list(zip(proposal.confidence, [True] * n + [False]))[: n + 1]
+        return t_verify, len(drafted), drafted[:n], next_tokens.tolist()[n], outcomes
 
     def generate(self, history: list[int], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
@@ -119,29 +148,20 @@ class SpeculativeDecoder:
                     k_draft = k_verify = None
 
                 t_draft = time.perf_counter()
-                rnd = self.policy.round(k) if k else Round(None, 0)
-                proposal = self.drafter.propose(history, k, params, k_draft, rnd) if k else EMPTY
-                t_verify = time.perf_counter()
-                drafted = proposal.tokens
-                pending = self.target.sync(history)
-                logits = self.target.forward(pending + drafted)[len(pending) - 1:]
-                contexts = None
-                if params.uses_context:
-                    contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
-                logprobs = process_logits(logits, params, contexts)
-                accepted, next_tokens = verify(
-                    logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify
-                )
-                finite = mx.isfinite(logits.sum())
-                mx.eval(accepted, next_tokens, finite)
+                if k and self.trees:
+                    r = run_tree_round(self.target, self.drafter, self.policy, history, k, params,
+                                       k_draft, k_verify, self.target_name, self.lookup)
+                    stats.record_tree(r.nodes, r.depth, len(r.accepted), r.siblings_taken, r.lookup_taken)
+                    drafted, accepted, nxt, outcomes, rnd = r.nodes, r.accepted, r.next_token, r.outcomes, r.budget
+                    t_verify, depth = t_draft + r.draft_time, r.depth
+                else:
+                    rnd = self.policy.round(k) if k else Round(None, 0)
+                    t_verify, drafted, accepted, nxt, outcomes = self._chain_round(history, k, params, k_draft,
+                                                                                   k_verify, rnd)
+                    depth = None
                 t_end = time.perf_counter()
-                if not finite.item():
-                    raise MlxspecError(
-                        f"{self.target_name} produced NaN/inf logits: its weights are corrupt or overflow "
-                        "in this dtype; re-convert or re-download it")
-
-                n = leading_accepted(accepted.tolist())
-                new = drafted[:n] + [next_tokens.tolist()[n]]
+                n = len(accepted)
+                new = accepted + [nxt]
                 emit = []
                 for tok in new:
                     if tok in eos:
@@ -152,8 +172,8 @@ class SpeculativeDecoder:
                         break
                 stats.draft_time += t_verify - t_draft
                 stats.verify_time += t_end - t_verify
-                stats.record_round(len(drafted), n, len(emit), rnd.stop_reason if k else "plain")
-                self.policy.update(rnd, list(zip(proposal.confidence, [True] * n + [False]))[: n + 1])
+                stats.record_round(drafted, n, len(emit), rnd.stop_reason if k else "plain", depth)
+                self.policy.update(rnd, outcomes)
                 for i, tok in enumerate(emit):
                     history.append(tok)
                     produced += 1

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# finish_reason -> the words the summaries print (generate, chat); "cancelled" reads as "interrupted"
+FINISH_WORDS = {
+    "stop": "stop (end of text)",
+    "length": "length (max tokens reached)",
+    "context": "context (the model's context is full)",
+    "cancelled": "interrupted",
+    "error": "error",
+}
+
+
+def finish_words(reason: str | None) -> str | None:
+    return None if reason is None else FINISH_WORDS.get(reason, reason)
+
 
 @dataclass
 class GenerationStats:
@@ -25,19 +38,28 @@ class GenerationStats:
     k_history: list = field(default_factory=list)
     stop_reasons: dict = field(default_factory=dict)  # why drafting rounds ended: cap, cost, confidence, no-match
     finish_reason: str | None = None
+    tree_rounds: int = 0  # rounds that verified a draft tree (tree_round.py)
+    tree_nodes: int = 0  # summed over those rounds: nodes verified,
+    tree_depth: int = 0  # the trees' depths,
+    tree_path: int = 0  # and accepted path lengths
+    tree_siblings_taken: int = 0  # accepted nodes that were a later sibling (where a chain would have stopped)
+    tree_lookup_taken: int = 0  # accepted nodes that prompt lookup proposed
     notes: list = field(default_factory=list)
 
-    def record_round(self, k: int, n_accepted: int, n_emitted: int, stop_reason: str | None = None):
+    def record_round(self, k: int, n_accepted: int, n_emitted: int, stop_reason: str | None = None,
+                     depth: int | None = None):
+        """`depth`: for a tree round, its depth (positions counted per depth, not per node)."""
         self.target_passes += 1
         if stop_reason is not None and stop_reason != "plain":
             self.stop_reasons[stop_reason] = self.stop_reasons.get(stop_reason, 0) + 1
         self.k_history.append(k)
         self.draft_proposed += k
         self.draft_accepted += n_accepted
-        while len(self.proposed_by_position) < k:
+        positions = k if depth is None else depth
+        while len(self.proposed_by_position) < positions:
             self.proposed_by_position.append(0)
             self.accepted_by_position.append(0)
-        for i in range(k):
+        for i in range(positions):
             self.proposed_by_position[i] += 1
             if i < n_accepted:
                 self.accepted_by_position[i] += 1
@@ -45,6 +67,24 @@ class GenerationStats:
             self.tokens_speculative += n_emitted
         else:
             self.tokens_plain += n_emitted
+
+    def record_tree(self, nodes: int, depth: int, path: int, siblings_taken: int = 0, lookup_taken: int = 0):
+        self.tree_rounds += 1
+        self.tree_lookup_taken += lookup_taken
+        self.tree_siblings_taken += siblings_taken
+        self.tree_nodes += nodes
+        self.tree_depth += depth
+        self.tree_path += path
+
+    @property
+    def tree_summary(self) -> dict | None:
+        """Mean tree size, depth and accepted path length per tree round."""
+        r = self.tree_rounds
+        if not r:
+            return None
+        return {"rounds": r, "mean_nodes": self.tree_nodes / r, "mean_depth": self.tree_depth / r,
+                "mean_accepted_path": self.tree_path / r, "siblings_taken": self.tree_siblings_taken,
+                "lookup_taken": self.tree_lookup_taken}
 
     @property
     def acceptance_rate(self) -> float:
@@ -79,6 +119,7 @@ class GenerationStats:
             acceptance_rate=self.acceptance_rate,
             tokens_per_pass=self.tokens_per_pass,
             mean_drafted=self.mean_drafted,
+            tree=self.tree_summary,
             acceptance_by_position=self.acceptance_by_position,
             prompt_tps=self.prompt_tps,
             generation_tps=self.generation_tps,
@@ -96,8 +137,14 @@ class GenerationStats:
             if self.stop_reasons:
                 why = " ".join(f"{r} {n}" for r, n in sorted(self.stop_reasons.items(), key=lambda x: -x[1]))
                 parts.append(f"drafted {self.mean_drafted:.1f}/round (stops: {why})")
+            t = self.tree_summary
+            if t:
+                parts.append(f"trees {t['mean_nodes']:.1f} nodes, depth {t['mean_depth']:.1f}, "
+                             f"path {t['mean_accepted_path']:.1f}")
         parts.append(f"drafter {self.drafter}")
         if any(n.startswith("fallback") for n in self.notes):
             parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")
         parts.append(f"prompt {self.prompt_tokens} tok at {self.prompt_tps:.1f} tok/s")
+        if self.finish_reason is not None:
+            parts.append(f"finish: {finish_words(self.finish_reason)}")
         return ", ".join(parts)

@@ -24,9 +24,9 @@ def run_cli(cwd, *args, endpoint=None, hub=None, input=None, preexec_fn=None, ti
                           capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
-def assert_refused(res, *needles):
-    """Exit 1 with one `error:` line (the last), no traceback, naming every needle."""
-    assert res.returncode == 1, res.stdout + res.stderr
+def assert_refused(res, *needles, exit_code=1):
+    """Exit 1 (2 for a usage error) with one `error:` line (the last), no traceback, naming every needle."""
+    assert res.returncode == exit_code, res.stdout + res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines and lines[-1].startswith("error: "), res.stderr
     assert sum(ln.startswith("error: ") for ln in lines) == 1 and "Traceback" not in res.stderr, res.stderr

@@ -22,7 +22,8 @@ RUN_FIELDS = {
 SUMMARY_FIELDS = {
     "temp", "suite", "contender", "prompts", "runs", "tokens_per_s", "e2e_tokens_per_s", "speedup",
     "speedup_per_prompt", "e2e_speedup", "acceptance_rate", "draft_proposed", "draft_accepted", "mean_accepted_length",
-    "draft_token_share", "generated_tokens", "peak_memory_bytes", "greedy_match",
+    "draft_token_share", "generated_tokens", "peak_memory_bytes", "greedy_match", "tree_nodes_per_round",
+    "tree_depth_per_round",
 }
 DOC_FIELDS = {
     "schema", "command", "date", "machine", "load_average_start", "versions", "pair", "config", "contenders",
@@ -146,7 +147,6 @@ def test_predicted_speedup_formula():
     assert bench.recommend(rows) == {"k": 3, "best_k": 3, "speedup": 4.0, "pays": True}
     slow = bench.predict([0.2, 0.1], 0.16, 0.5, {0: 1.0, 1: 1.1, 2: 1.2})
     assert bench.recommend(slow)["pays"] is False and bench.recommend(slow)["k"] == 0
-    assert bench.verify_ratios({1: 1.0, 2: 0.9, 3: 1.3}) == {0: 1.0, 1: 1.0, 2: 1.3}
 
 
 def test_contender_specs(tiny_pair):
@@ -246,9 +246,54 @@ def test_quick_prints_a_recommendation(tiny_pair_dirs, suite_file, tmp_path):
     assert set(doc["verify_ratio"]) == {"0", "1", "2", "3"}
     assert 0 <= doc["acceptance_rate"] <= 1 and doc["cost_ratio_c"] > 0
     assert doc["recommendation"]["k"] in (0, 1, 2, 3)
+    assert doc["cost_model"]["source"] in ("measured", "cached")  # the pair's calibration, not its own timing
+    assert doc["auto"]["k"] in (0, 1, 2, 3)
 
 
 def test_quick_needs_a_draft(tiny_pair_dirs, suite_file):
     target, _ = tiny_pair_dirs
     result = CliRunner().invoke(bench.bench, ["--model", str(target), "--suite", str(suite_file), "--quick"])
-    assert isinstance(result.exception, MlxspecError) and "draft" in str(result.exception)
+    assert isinstance(result.exception, MlxspecError) and "--draft MODEL" in str(result.exception)
+    assert "--no-draft" not in str(result.exception)  # not given, so not mentioned
+
+
+# ---- --quick follows the calibrated cost model and the per-token policy's rule ----------------
+
+
+def test_quick_advice_follows_the_cost_model_and_the_per_token_rule(tiny_pair_dirs, suite_file):
+    """A controlled cost ratio: the draft is the target itself (its greedy drafts are kept)
+    and the costs are given, so the advice is decided by them alone."""
+    import mlxspec
+    from mlxspec.cost_model import CostModel
+
+    target, _ = tiny_pair_dirs
+    pair = mlxspec.load(target, target)
+    prompts = bench.load_suite(str(suite_file)).prompts
+    cheap = CostModel(0.05, [1.0, 1.05, 1.1, 1.15, 1.2], source="given")
+    adv = bench.advise(pair, prompts, max_tokens=12, max_k=4, cost=cheap, echo=lambda s: None)
+    assert min(adv["acceptance_by_position"]) > 0.9
+    assert adv["cost_ratio_c"] == 0.05 and adv["verify_ratio"]["4"] == pytest.approx(1.2)
+    rows = {r["k"]: r for r in adv["predictions"]}
+    assert rows[4]["cost"] == pytest.approx(4 * 0.05 + 1.2)
+    assert adv["recommendation"]["pays"] and adv["recommendation"]["k"] == 4
+    # the policy's own rule drafts to the cap here, and its prediction is the table's
+    assert adv["auto"]["k"] == 4 and adv["auto"]["speedup"] == pytest.approx(rows[4]["speedup"])
+    assert "Recommended: the default, --num-draft auto" in bench.format_advice(adv, "pair")
+
+    dear = CostModel(1.2, [1.0, 1.5, 2.0, 2.5, 3.0], source="given")  # a draft step dearer than a target step
+    adv = bench.advise(pair, prompts, max_tokens=12, max_k=4, cost=dear, echo=lambda s: None)
+    assert not adv["recommendation"]["pays"] and adv["auto"]["k"] == 0
+    text = bench.format_advice(adv, "pair")
+    assert "falls back to plain decoding" in text and "Recommended: --no-draft" in text
+
+
+def test_policy_round_stops_where_the_rate_peaks():
+    from mlxspec.cost_model import CostModel
+
+    flat = CostModel(0.2, [1.0] * 8)
+    # acceptance falls with position: 0.9, then 0.9*0.5, then 0.9*0.5*0.1 (cumulative)
+    acc = [0.9, 0.45, 0.045, 0.0045]
+    got = bench.policy_round(acc, flat, 4)
+    rows = bench.predict(acc, 0.5, 0.2, {k: 1.0 for k in range(5)})
+    best = max(rows, key=lambda r: r["speedup"])
+    assert got["k"] == best["k"] == 2 and got["speedup"] == pytest.approx(best["speedup"])

@@ -103,9 +103,9 @@ CASES = [
     ("sampling-unknown-key", _set(["settings", "sampling", "warmth"], 1), "settings.sampling.warmth", "not a sampling setting"),
     ("temp-string", _set(["settings", "sampling", "temp"], "hot"), "settings.sampling.temp", "must be a finite number"),
     ("temp-nan", _set(["settings", "sampling", "temp"], float("nan")), "settings.sampling.temp", "must be a finite number"),
-    ("temp-negative", _set(["settings", "sampling", "temp"], -1), "settings.sampling", "temperature must be >= 0"),
+    ("temp-negative", _set(["settings", "sampling", "temp"], -1), "settings.sampling", "temp must be a number >= 0"),
     ("top_k-float", _set(["settings", "sampling", "top_k"], 1.5), "settings.sampling.top_k", "must be an integer"),
-    ("top_p-zero", _set(["settings", "sampling", "top_p"], 0), "settings.sampling", "top_p must be in (0, 1]"),
+    ("top_p-zero", _set(["settings", "sampling", "top_p"], 0), "settings.sampling", "top_p must be a number > 0 and <= 1"),
     ("seed-string", _set(["settings", "sampling", "seed"], "x"), "settings.sampling.seed", "must be an integer or null"),
     ("stats-string", _set(["stats"], "fast"), "stats", "must be an object"),
 ]

@@ -13,12 +13,12 @@ from mlxspec.session import Session
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"max_tokens": 0}, "max_tokens must be a whole number of at least 1, got 0"),
+    ({"max_tokens": 0}, "max_tokens must be a whole number >= 1, got 0"),
     ({"max_tokens": -5}, "max_tokens"),
     ({"max_tokens": 2.5}, "max_tokens"),
-    ({"num_draft": 99}, "num_draft must be 'auto' or a whole number from 0 to 16"),
+    ({"num_draft": 99}, "num_draft must be a whole number >= 0 and <= 16"),
     ({"num_draft": "four"}, "num_draft"),
-    ({"p_min": 2.0}, "p_min must be a probability"),
+    ({"p_min": 2.0}, "p_min must be a number >= 0 and <= 1"),
     ({"on_cancel": "forget"}, "on_cancel must be 'keep' or 'drop'"),
     ({"system": 5}, "system must be text"),
     ({"temp": -1}, "temp"),

@@ -124,9 +124,11 @@ def test_full_disk_while_writing_the_pair_is_one_line_error(hub, tmp_path):
 @pytest.mark.parametrize("name", ["prompt_cache", "__class__", "ModelDrafter"])
 def test_drafter_names_come_from_the_registry_only(tmp_path, tiny_pair_dirs, name):
     res = run_cli(tmp_path, "generate", "--model", str(tiny_pair_dirs[0]), "--drafter", name, "-p", "hi", "-m", "2")
-    line = assert_refused(res, f"unknown drafter {name!r}")
+    line = assert_refused(res, f"unknown drafter {name!r}", "--drafter", exit_code=2)  # a usage error: before loading
     for known in ("model", "lookup", "layerskip", "none"):
         assert known in line
+    with pytest.raises(MlxspecError, match=f"^unknown drafter {name!r}: choose one of "):  # the API's words
+        mlxspec.make_decoder(mlxspec.load(tiny_pair_dirs[0]), drafter=name)
 
 
 def _nan_model_dir(path, where):

@@ -185,3 +185,20 @@ STRICT_CHATML = (
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def save_chatty_pair(root, context=4096, arch="qwen2"):
+    """The tiny target and a noisy copy as draft, with EOS made unreachable under greedy
+    decoding (its lm_head row is zero: a logit of 0 never beats the best of ~300 random
+    logits): a generation runs until max tokens or the context.  Returns (target, draft) dirs."""
+    root = Path(root)
+    cfg = config_for(arch, max_pos=context)
+    target = build(cfg, seed=0, scale=3.0)
+    draft = perturbed(target, cfg, noise=0.01, seed=1)
+    eos = cfg["eos_token_id"]
+    for m in (target, draft):
+        w = np.array(m.lm_head.weight)
+        w[eos] = 0.0
+        m.lm_head.weight = mx.array(w)
+    return (save_model_dir(root / "target", arch, model=target, max_pos=context),
+            save_model_dir(root / "draft", arch, model=draft, max_pos=context))

@@ -1,0 +1,140 @@
+"""One forward pass over a token tree, on mlx-lm's own model classes.
+
+A tree of candidate tokens is fed as one block of positions after a model's
+committed tokens.  Two things make the block a tree instead of a sequence:
+
+* the attention mask: each node sees the committed prefix, its ancestors in the
+  block and itself -- never its siblings or their subtrees;
+* the positions used by RoPE: a node's position is the prefix length plus its
+  depth - 1, whatever its place in the block.
+
+Both are passed through the model's own code, not a re-implementation: during
+the call, the first cache's `make_mask` returns the tree mask (mlx-lm models
+build their mask from `cache[0]`) and each attention layer's `rope` is wrapped
+to rotate by the nodes' positions (the block is moved to the batch axis, where
+`mx.fast.rope` takes one offset per row).  Both are restored when the call
+returns.  Only model types checked by the tests (the logits of every node equal
+those of a chain forward of its root-to-node path) are in `TREE_MODEL_TYPES`;
+other models verify chains, and `tree_support` says why.
+
+A block's positions stay in the KV cache but not in `ModelState.tokens` until
+`commit(path)` gathers the accepted path's keys and values into place and
+trims the rest; a block never committed (an exception mid-round) is dropped by
+the next `sync`, like any position the token list does not name.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from .cache import ModelState
+
+# Model types whose layers build the mask from cache[0] and call `self_attn.rope(x, offset=...)`
+# on a plain KVCache; tests/test_tree_attention.py checks each against chain forwards.
+TREE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def _layers(model):
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+    return layers
+
+
+def tree_support(model) -> str | None:
+    """None when `model` can take a tree block; else why not (one phrase)."""
+    kind = getattr(model, "model_type", None)
+    if kind not in TREE_MODEL_TYPES:
+        return f"model type {kind!r} is not one tree attention is checked for ({', '.join(TREE_MODEL_TYPES)})"
+    layers = _layers(model)
+    if not layers or not all(hasattr(getattr(layer, "self_attn", None), "rope") for layer in layers):
+        return f"model type {kind!r} has layers without self_attn.rope"
+    if any(type(c) is not KVCache for c in make_prompt_cache(model)):
+        return f"model type {kind!r} uses caches other than a full KV cache (sliding window or recurrent state)"
+    return None
+
+
+class _PositionedRope(nn.Module):
+    """A layer's RoPE, rotating row i of the block by `positions[i]`."""
+
+    def __init__(self, rope, positions: mx.array):
+        super().__init__()
+        self.inner = rope
+        self._positions = positions
+
+    def __call__(self, x, offset=0):
+        # (1, H, L, D) -> (L, H, 1, D): mx.fast.rope takes one offset per batch row
+        return self.inner(x.transpose(2, 1, 0, 3), offset=self._positions).transpose(2, 1, 0, 3)
+
+
+class TreeBlock:
+    """The uncommitted tree positions fed to one ModelState, possibly over several
+    forwards (a draft expanding its tree level by level)."""
+
+    def __init__(self, state: ModelState):
+        state._reconcile()  # positions the token list does not name (an abandoned block) go first
+        self.state = state
+        self.base = len(state.tokens)  # committed positions
+        self.tokens: list[int] = []
+        self.parents: list[int] = []  # block index of each node's parent; -1: the committed prefix
+        self.depth: list[int] = []
+        self.ancestors: list[int] = []  # bitsets over block indices (self included)
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def forward(self, tokens: list[int], parents: list[int]) -> mx.array:
+        """Logits (len(tokens), V) for new nodes; `parents` index the block (earlier
+        nodes, or nodes earlier in this call), -1 for the committed prefix."""
+        first = len(self.tokens)
+        for t, p in zip(tokens, parents):
+            if not -1 <= p < len(self.tokens):
+                raise ValueError(f"parent {p} is not an earlier node of the block")
+            i = len(self.tokens)
+            self.tokens.append(t)
+            self.parents.append(p)
+            self.depth.append(1 + (self.depth[p] if p >= 0 else 0))
+            self.ancestors.append((self.ancestors[p] if p >= 0 else 0) | (1 << i))
+        n, total = len(tokens), len(self.tokens)
+        bits = np.array([[(a >> j) & 1 for j in range(total)] for a in self.ancestors[first:]], dtype=bool)
+        mask = mx.array(np.concatenate([np.ones((n, self.base), dtype=bool), bits], axis=1))
+        positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
+        return self._call(mx.array(tokens, dtype=mx.uint32), mask, positions)
+
+    def _call(self, x, mask, positions):
+        state = self.state
+        attns = [layer.self_attn for layer in _layers(state.model)]
+        ropes = [a.rope for a in attns]
+        first_cache = state.cache[0]
+        try:
+            for a, r in zip(attns, ropes):
+                a.rope = _PositionedRope(r, positions)
+            first_cache.make_mask = lambda *args, **kwargs: mask
+            logits = state.model(x.reshape(1, -1), cache=state.cache)[0]
+        finally:
+            for a, r in zip(attns, ropes):
+                a.rope = r
+            first_cache.__dict__.pop("make_mask", None)
+        state.positions += x.size
+        return logits
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the block nodes `path` (a root-to-node chain, each the parent of the
+        next) as the next committed tokens; drop every other block position."""
+        for i, j in enumerate(path):
+            if self.parents[j] != (path[i - 1] if i else -1):
+                raise ValueError(f"block path {path} is not a chain from the prefix")
+        base, n = self.base, len(path)
+        if path != list(range(n)):
+            rows = mx.array([base + j for j in path], dtype=mx.int32)
+            for c in self.state.cache:
+                c.keys[..., base: base + n, :] = mx.take(c.keys, rows, axis=2)
+                c.values[..., base: base + n, :] = mx.take(c.values, rows, axis=2)
+        for c in self.state.cache:
+            c.offset = base + n
+        self.state.tokens.extend(self.tokens[j] for j in path)
+        self.tokens, self.parents, self.depth, self.ancestors = [], [], [], []
+        self.base += n

@@ -1,0 +1,78 @@
+"""How big a round's draft tree grows: the per-token rule of draft_length.py,
+generalised from a chain to a tree.
+
+Every candidate node has a value v: the estimated probability that the target
+accepts the whole path from the root to it (the product of its ancestors'
+estimates).  A first child's estimate is the acceptance observed for drafts of
+its parent's confidence (the draft's top probability there); a later sibling's is
+its own draft probability, scaled by how often siblings were observed to be
+taken.  The tree expects E = 1 + sum(v) tokens for T plain steps of time (draft
+forwards paid + a verify pass over all its positions), and grows exactly while
+a step's marginal rate beats the tree's average rate E/T:
+
+* `include`: a drafted candidate joins the tree if  v / (extra verify cost) >= E / T;
+* `expand`:  a node is fed to the draft (to propose its children) if
+  v * a / (draft cost + extra verify cost) >= E / T, where a is the mean acceptance
+  of a draft and the draft cost is the width increment of a batched draft
+  forward (nodes expanded together share one pass).
+
+With one child per node this is the chain rule exactly; siblings only enter when
+the cost model says that a wider verify pass pays for them (on a GPU, where width
+is nearly free, trees grow wide; on a CPU they stay close to chains).
+"""
+
+from __future__ import annotations
+
+MAX_BRANCH = 3  # children proposed per expanded node
+MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
+
+
+class TreeBudget:
+    def __init__(self, policy, max_depth: int, max_nodes: int = MAX_TREE_NODES):
+        self.policy, self.k = policy, max_depth
+        self.max_nodes = max_nodes
+        self.nodes, self.kept = 0, 0
+        self.e, self.t = 1.0, 1.0
+        self.stop_reason = "cap"
+
+    @property
+    def cost(self):
+        return self.policy.cost
+
+    def first_child(self, confidence: float) -> float:
+        return self.policy.acceptance(confidence)
+
+    def sibling(self, probability: float) -> float:
+        return min(1.0, probability * self.policy.sibling_scale())
+
+    def include(self, v: float) -> bool:
+        if self.nodes >= self.max_nodes:
+            self.stop_reason = "cap"
+            return False
+        extra = self.cost.extra(self.nodes + 2)
+        if not (self.policy.forced and self.nodes == 0) and v * self.t < extra * self.e:
+            self.stop_reason = "confidence"
+            return False
+        self.nodes += 1
+        self.e += v
+        self.t += extra
+        return True
+
+    def expand(self, values: list, depth: int) -> int:
+        """How many of the nodes with `values` (sorted, highest first), just added
+        at `depth`, to feed to the draft for children."""
+        if depth >= self.k or self.nodes >= self.max_nodes:
+            self.stop_reason = "cap"
+            return 0
+        pol, n = self.policy, 0
+        a = pol.mean_acceptance(optimistic=self.nodes == 0)
+        for v in values:
+            step = self.cost.draft_step * (self.cost.verify_width(n + 1) - (self.cost.verify_width(n) if n else 0))
+            forced = pol.forced and self.nodes == 0
+            if not forced and v * a * self.t < (step + self.cost.extra(self.nodes + 2)) * self.e:
+                break
+            self.t += step
+            n += 1
+        if not n:
+            self.stop_reason = "cost"
+        return n

@@ -1,0 +1,205 @@
+"""Token trees through the whole speculative loop: greedy output equals plain
+decoding; sampled 3-token sequences follow the target's exact distribution
+(chi-square), and a deliberately broken sibling rule fails the same test; after
+any round both caches hold exactly the kept tokens."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import drafter_models
+import test_greedy_equality as ge
+import test_sequence_distribution as sd
+from mlxspec import tree_acceptance
+from mlxspec.cache import ModelState
+from mlxspec.cost_model import assumed
+from mlxspec.draft_length import PerToken
+from mlxspec.drafters import LayerSkipDrafter, ModelDrafter
+from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.stats import GenerationStats
+from stats_util import chi_square
+
+
+def wide(max_k=8):
+    """A cost model where verify width is free and drafting cheap: trees grow wide and deep."""
+    return PerToken(assumed(0.05, slope=0.0, width=40), max_k)
+
+
+@pytest.mark.parametrize("kind", ["model", "subset"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=st.lists(st.integers(5, 299), min_size=1, max_size=20), which=st.integers(0, 1),
+       max_k=st.integers(1, 8))
+def test_tree_greedy_equals_plain(kind, arch, prompt, which, max_k):
+    target, drafter, prompt = ge.setup(kind, arch, which, prompt)
+    expected = ge.plain(target, prompt)
+    dec = SpeculativeDecoder(target, drafter, wide(max_k))
+    assert dec.trees, dec.tree_note
+    h = list(prompt)
+    got = [t for t, _ in dec.generate(h, max_tokens=ge.MAX_TOKENS)]
+    ge.assert_same_or_near_tie(target, prompt, expected, got)
+    assert h == list(prompt) + got
+
+
+def test_trees_branch_and_siblings_get_taken():
+    """The trees really are trees: more nodes than depth, and accepted later
+    siblings (tokens a chain would have lost) on a fixed prompt."""
+    taken = nodes = depth = 0
+    for arch in ("llama", "qwen2"):
+        target, drafts = ge.models(arch)
+        for draft in drafts:
+            stats = GenerationStats()
+            prompt = [7, 19, 200, 31, 31, 5]
+            got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide()).generate(
+                list(prompt), max_tokens=ge.MAX_TOKENS, stats=stats)]
+            assert got == ge.plain(target, prompt)
+            taken += stats.tree_siblings_taken
+            nodes += stats.tree_nodes
+            depth += stats.tree_depth
+    assert nodes > depth and taken > 0, (nodes, depth, taken)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lookup_branches_join_the_tree(arch):
+    """On input-grounded text, prompt lookup's continuation is a branch of the tree
+    (beside a poor draft model's): its nodes get accepted, the output is still plain's."""
+    import tiny_models
+
+    target = drafter_models.lookup_target(arch)
+    draft = tiny_models.perturbed(target, tiny_models.config_for(arch), noise=0.5, seed=3)
+    taken = 0
+    for prompt in ([7, 19, 200, 31], [40, 41, 42, 43, 44]):
+        prompt = drafter_models.grounded_prompt(target, prompt)
+        stats = GenerationStats()
+        dec = SpeculativeDecoder(target, ModelDrafter(draft), wide())
+        got = [t for t, _ in dec.generate(list(prompt), max_tokens=ge.MAX_TOKENS, stats=stats)]
+        ge.assert_same_or_near_tie(target, prompt, ge.plain(target, prompt), got)
+        taken += stats.tree_lookup_taken
+    assert taken > 0
+
+
+def test_caches_hold_exactly_the_kept_tokens():
+    target, drafts = ge.models("qwen2")
+    dec = SpeculativeDecoder(target, ModelDrafter(drafts[1]), wide())
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        h = rng.integers(5, 299, int(rng.integers(1, 12))).tolist()
+        for t, _ in dec.generate(h, max_tokens=int(rng.integers(1, 20))):
+            pass
+        for state in (dec.target, dec.drafter.state):
+            fresh = ModelState(state.model)
+            fresh.forward(state.tokens)
+            assert state.tokens == h[: len(state.tokens)] and len(state.tokens) >= len(h) - 2
+            for c, f in zip(state.cache, fresh.cache):
+                assert c.offset == f.offset
+                k, v = c.keys_and_values()
+                fk, fv = f.keys_and_values()
+                np.testing.assert_allclose(np.array(k), np.array(fk), atol=2e-4, rtol=1e-4)
+                np.testing.assert_allclose(np.array(v), np.array(fv), atol=2e-4, rtol=1e-4)
+
+
+def tree_samples(models, params, samples=sd.SAMPLES):
+    target, draft = models
+    return sd.sample_sequences(target, draft, params, k=wide(3), samples=samples)
+
+
+@pytest.mark.parametrize("params", [sd.PARAMS, sd.SamplingParams(temp=0.8, top_k=5, repetition_penalty=1.3)],
+                         ids=["temp1", "temp0.8-topk5-penalty"])
+def test_tree_samples_match_target_sequence_distribution(models, params):
+    target, _ = models
+    probs = sd.exact_sequence_probs(target, params)
+    counts, accepted = tree_samples(models, params)
+    assert accepted > sd.SAMPLES // 4
+    stat, df, pval = chi_square(counts, probs, sd.SAMPLES)
+    print(f"chi2={stat:.1f} df={df} p={pval:.3g} accepted={accepted}")
+    assert pval > 1e-3, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_tree_samples_with_lookup_branches_match_target_distribution(models, monkeypatch):
+    """One-hot lookup branches beside sampled draft children: still exactly p.  A
+    target whose next token depends mostly on the current one, on a prompt that
+    quotes its own continuation: lookup branches get taken (one draft child per
+    node, so that the lookup token is not already among them)."""
+    from mlxspec import tree_drafter
+
+    monkeypatch.setattr(tree_drafter, "MAX_BRANCH", 1)
+    _, draft = models
+    target = drafter_models.lookup_target("llama", vocab_size=sd.V, hidden=32, ffn=64)
+    prompt = drafter_models.grounded_prompt(target, [1, 5, 2], n=4)
+    taken = []
+    record = GenerationStats.record_tree
+    monkeypatch.setattr(GenerationStats, "record_tree",
+                        lambda self, *a: (taken.append(a[4]), record(self, *a))[1])
+    probs = sd.exact_sequence_probs(target, sd.PARAMS, prompt=prompt)
+    counts, accepted = sd.sample_sequences(target, draft, sd.PARAMS, k=wide(3), prompt=prompt)
+    assert sum(taken) > sd.SAMPLES // 10, sum(taken)
+    stat, df, pval = chi_square(counts, probs, sd.SAMPLES)
+    print(f"chi2={stat:.1f} df={df} p={pval:.3g} accepted={accepted}")
+    assert pval > 1e-3, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_chi_square_fails_when_siblings_see_the_unchanged_target(models, monkeypatch):
+    """The control: trying each sibling against p itself (no residual after a
+    rejected sibling) over-produces the siblings' tokens; the same test catches it."""
+
+    def broken(p, tokens, qs):
+        r = np.asarray(p, dtype=np.float64) / np.sum(p)
+        out, reach = np.zeros_like(r), 1.0
+        for x, q in zip(tokens, qs):
+            q = tree_acceptance._proposal(q, x, r.size)
+            a = min(1.0, r[x] / q[x]) if q[x] > 0 else 0.0
+            out[x] += reach * a
+            reach *= 1.0 - a
+        rest = np.maximum(r - q, 0.0) if tokens else r
+        return out + reach * (rest / rest.sum() if rest.sum() > 0 else r)
+
+    monkeypatch.setattr(tree_acceptance, "node_outcome", broken)
+    target, _ = models
+    probs = sd.exact_sequence_probs(target, sd.PARAMS)
+    counts, _ = tree_samples(models, sd.PARAMS)
+    _, _, pval = chi_square(counts, probs, sd.SAMPLES)
+    assert pval < 1e-6
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The sequence-distribution test's pair: V=8, an unrelated draft (many rejections)."""
+    import tiny_models
+
+    cfg = tiny_models.config_for("llama", vocab_size=sd.V, hidden=32, ffn=64)
+    return tiny_models.build(cfg, seed=3, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
+
+
+def test_no_tree_and_unsupported_drafters_verify_chains():
+    target, drafts = ge.models("llama")
+    assert not SpeculativeDecoder(target, ModelDrafter(drafts[0]), wide(), tree=False).trees
+    dec = SpeculativeDecoder(target, LayerSkipDrafter(target), wide())
+    assert not dec.trees and "layer-skip" in dec.tree_note
+    from mlxspec.draft_length import FixedK
+
+    dec = SpeculativeDecoder(target, ModelDrafter(drafts[0]), FixedK(3))
+    assert not dec.trees and "--num-draft auto" in dec.tree_note
+
+
+@pytest.mark.real
+def test_cli_tree_and_no_tree(tmp_path):
+    """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
+    (their figures in the stats), chains with --no-tree; the same greedy text."""
+    import json
+
+    from cli_util import run_cli
+    from mlxspec import weights
+
+    if not weights.is_present("smollm2-135m"):
+        pytest.skip("smollm2-135m not fetched (mlxspec pull smollm2-135m)")
+    base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
+            "--ignore-chat-template", "-m", "24", "--json")
+    out = {}
+    for flag in ("--tree", "--no-tree"):
+        res = run_cli(tmp_path, *base, flag)
+        assert res.returncode == 0, res.stderr
+        out[flag] = json.loads(res.stdout)
+    assert out["--tree"]["tokens"] == out["--no-tree"]["tokens"]
+    assert out["--tree"]["stats"]["tree"]["rounds"] > 0
+    assert out["--no-tree"]["stats"]["tree"] is None
