@@ -20,7 +20,8 @@ import unicodedata
 import click
 
 from .errors import MlxspecError
-from .options import NUM_DRAFT_HELP, check, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
+from .options import (NUM_DRAFT_HELP, _drafter_option, check, max_tokens_option, model_options, sampling_kwargs,
+                      sampling_options, typed)
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -71,7 +72,7 @@ def reply_summary(session, stats) -> str:
 
 def draft_words(session, stats=None) -> str:
     """What drafting is doing: off, a fixed k, auto, or auto fallen back to plain decoding."""
-    if not session.draft:
+    if not session.drafting:
         return "draft off"
     policy = session.decoder.policy
     if getattr(policy, "fallback", False):
@@ -153,7 +154,7 @@ class Chat:
             elif name == "/stats":
                 out(s.stats.summary())
                 out(f"context: {s.context_used} of {s.context_length or '?'} tokens used; "
-                    f"drafting {'on (' + draft_words(s) + ')' if s.draft else 'off'}; temp {s.temp:g}; "
+                    f"drafting {'on (' + draft_words(s) + ')' if s.drafting else 'off'}; temp {s.temp:g}; "
                     f"max tokens {s.max_tokens}")
                 if s.last_stats is not None:
                     out(f"last reply: {s.last_stats.summary()}")
@@ -168,10 +169,10 @@ class Chat:
                     out(f"[temp {s.temp:g}]")
             elif name == "/draft":
                 if arg.lower() in ("on", "off"):
-                    s.draft = arg.lower() == "on"
+                    s.drafting = arg.lower() == "on"
                 elif arg:
                     raise MlxspecError("usage: /draft on|off")
-                out(f"[drafting {'on' if s.draft else 'off'}]")
+                out(f"[drafting {'on' if s.drafting else 'off'}]")
             elif name == "/system":
                 if not arg:
                     out(f"[system prompt: {s.system!r}]" if s.system else "[no system prompt]")
@@ -233,7 +234,10 @@ class Chat:
 @click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)
 @click.option("--draft-p-min", type=typed("p_min"), default=0.0,
               help="Stop drafting when the draft's top probability is below this.")
-def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, **opts):
+@click.option("--drafter", default=None, callback=_drafter_option,
+              help="model (default when a draft is loaded) | hybrid | lookup (the conversation's n-grams, no "
+                   "draft model) | layerskip | none.")
+def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, drafter, **opts):
     """Interactive chat in the terminal."""
     from .backend import describe
     from .loading import load
@@ -241,10 +245,11 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
 
     if pair_dir and model:
         raise click.UsageError("give --pair DIR or --model, not both")
-    pair = load(pair_dir or model, draft, no_draft=no_draft)
+    uses_draft_model = drafter in (None, "model", "hybrid") or draft is not None
+    pair = load(pair_dir or model, draft, no_draft=no_draft or not uses_draft_model)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
-                          draft=pair.draft is not None, **sampling_kwargs(opts))
+                          drafter="none" if no_draft else drafter, **sampling_kwargs(opts))
     except ValueError as e:
         raise MlxspecError(str(e)) from e
     try:

@@ -181,3 +181,15 @@ def test_a_gguf_is_named_with_its_quantisation(tmp_path, home):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_chat_without_a_draft_model_drafts_by_lookup_when_asked(tmp_path, tiny_pair_dirs):
+    """`chat --model M --drafter lookup`: no draft model is loaded, drafting is on, and
+    `/draft off` / `/draft on` work (they used to fail: 'no draft model is loaded')."""
+    target, _ = tiny_pair_dirs
+    res = run_cli(tmp_path, "chat", "--model", str(target), "--drafter", "lookup", "-m", "4",
+                  input="/draft off\n/draft on\none two one two one two\n")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout + res.stderr
+    assert "[drafting off]" in out and "[drafting on]" in out and "error" not in out, out
+    assert "no draft model" in out  # the header says so
