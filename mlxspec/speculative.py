@@ -62,6 +62,7 @@ class SpeculativeDecoder:
         self.context_length = context_length
         self.tree_note = tree_unsupported(target_model, self.drafter, policy) if tree is not False else None
         self.trees = tree is not False and self.tree_note is None  # None (auto) or True: trees where they work
+        self.tree_asked = tree is True
         self.lookup = PromptLookupDrafter() if self.trees else None  # its continuations join the trees
 
     def reset(self):
@@ -114,6 +115,8 @@ class SpeculativeDecoder:
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
+        if self.tree_note and (self.tree_asked or "model type" in self.tree_note):
+            stats.notes.append(f"verifying chains: {self.tree_note}")
         eos = set(eos_token_ids)
         limit = self.context_length
         check_context(history, limit)

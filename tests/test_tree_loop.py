@@ -182,6 +182,21 @@ def test_no_tree_and_unsupported_drafters_verify_chains():
     assert not dec.trees and "--num-draft auto" in dec.tree_note
 
 
+def test_a_model_without_tree_support_says_so_and_verifies_chains():
+    import tiny_models
+
+    cfg = tiny_models.config_for("llama")
+    target = tiny_models.build(cfg, seed=11, scale=3.0)
+    target.model_type = "exotic"  # as a model class tree attention was never checked for
+    draft = tiny_models.perturbed(target, cfg, noise=0.03, seed=5)
+    dec = SpeculativeDecoder(target, ModelDrafter(draft), wide())
+    stats = GenerationStats()
+    got = [t for t, _ in dec.generate([7, 8, 9], max_tokens=12, stats=stats)]
+    assert not dec.trees and stats.tree_rounds == 0 and stats.draft_proposed > 0
+    assert any("verifying chains" in n and "'exotic'" in n for n in stats.notes), stats.notes
+    assert got == ge.plain(target, [7, 8, 9])[:12]
+
+
 @pytest.mark.real
 def test_cli_tree_and_no_tree(tmp_path):
     """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
