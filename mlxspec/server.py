@@ -81,6 +81,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code, message=None, explain=None):
         """The base class's own errors (a bad request line, an unknown method) as JSON too."""
+        if code == 501:  # a method this server has no handler for
+            code, message = 405, f"method {printable(str(self.command), 20)} is not allowed here"
         try:
             self._error(RequestError(message or self.responses.get(code, ("error",))[0], status=code,
                                      code=str(code)))
