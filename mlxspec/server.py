@@ -48,6 +48,14 @@ class Server(ThreadingHTTPServer):
     # set by `serve`: engine, pair, model_id, model_ids, api_key, defaults, max_tokens, max_body, page, verbose
     tokenizer_lock = threading.Lock()
 
+    def handle_error(self, request, client_address):
+        """One line on stderr instead of socketserver's traceback; a client that hung up is not an error."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return
+        sys.stderr.write(f"mlxspec serve: a request from {client_address[0]} failed: {type(exc).__name__}: "
+                         f"{printable(str(exc), 200)}\n")
+
 
 class Server6(Server):
     address_family = socket.AF_INET6
@@ -57,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "mlxspec"
     timeout = REQUEST_TIMEOUT
+    _streaming = False  # headers of an event stream sent: an error can no longer be a JSON response
 
     def log_message(self, format, *args):
         if self.server.verbose:
@@ -161,6 +170,18 @@ class Handler(BaseHTTPRequestHandler):
             self._error(RequestError(f"no such endpoint: GET {printable(path, 100)}", status=404, code="not_found"))
 
     def do_POST(self):
+        try:
+            self._post()
+        except OSError:  # the client hung up
+            self.close_connection = True
+        except Exception as e:  # a bug: a one-line 500, never a traceback or a silent hang-up
+            sys.stderr.write(f"mlxspec serve: internal error: {type(e).__name__}: {printable(str(e), 200)}\n")
+            self.close_connection = True
+            if not self._streaming:
+                self._error(RequestError(f"internal error ({type(e).__name__})", status=500,
+                                         code="internal_error", kind="server_error"))
+
+    def _post(self):
         path = urlsplit(self.path).path
         try:
             kind = ROUTES.get(path)
@@ -195,9 +216,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(job, shapes, req.include_usage)
             else:
                 self._complete(job, shapes)
-        except OSError:  # the client hung up while we wrote
+        except BaseException:  # the client hung up while we wrote (OSError), or a bug: stop generating for it
             job.cancel()
-            self.close_connection = True
+            raise
 
     def _complete(self, job: Job, shapes: Shapes):
         pieces = []
@@ -211,6 +232,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._error(RequestError(ev[1], status=500, code="generation_failed", kind="server_error"))
 
     def _stream(self, job: Job, shapes: Shapes, include_usage: bool):
+        self._streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")

@@ -51,6 +51,11 @@ def parse_json(raw: bytes) -> dict:
         raise RequestError(f"the request body is not valid JSON ({printable(str(e), 120)})", code="invalid_json")
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {_type(body)}", code="invalid_json")
+    try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("the request body has a string with a lone surrogate escape (invalid Unicode)",
+                           code="invalid_json")
     return body
 
 

@@ -16,6 +16,8 @@ from mlxspec.cache import common_prefix
 from cli_util import run_cli
 from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
 
+pytestmark = pytest.mark.real
+
 openai = pytest.importorskip("openai", reason="the server tests need the `openai` package (pip install -e '.[test]')")
 
 KEY = "test-key-123"

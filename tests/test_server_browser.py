@@ -22,6 +22,8 @@ from mlxspec import api
 
 from server_process import MODEL, SMOLLM2, need_smollm2, start
 
+pytestmark = pytest.mark.real
+
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 if CHROMIUM is None:
     pytest.skip("no chromium: `./setup.sh test` installs Debian's chromium package when run as root "

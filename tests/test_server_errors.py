@@ -17,6 +17,8 @@ from mlxspec import api
 from cli_util import assert_refused, run_cli
 from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
 
+pytestmark = pytest.mark.real
+
 MAX_BODY = 65536
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Tell me a story about a dragon."}]
@@ -50,6 +52,8 @@ BAD = [  # (name, path, body, status, param)
     ("malformed JSON", CHAT, b'{"messages": [', 400, None),
     ("not UTF-8", CHAT, b'\xff\xfe{"messages": 1}', 400, None),
     ("not an object", CHAT, [1, 2], 400, None),
+    ("lone surrogate", CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, None),
+    ("lone surrogate in a prompt", "/v1/completions", b'{"prompt": "a\\ud800b"}', 400, None),
     ("unknown model", CHAT, {"model": "gpt-4o", "messages": HI}, 404, "model"),
     ("missing messages", CHAT, {"max_tokens": 4}, 400, "messages"),
     ("messages not a list", CHAT, {"messages": "hello"}, 400, "messages"),
