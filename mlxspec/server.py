@@ -298,7 +298,8 @@ def chat_page() -> bytes:
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without --api-key.")
 @click.option("--max-queue", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="Requests that may wait for the device; beyond it: HTTP 429.")
-@click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True)
+@click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True,
+              help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter, draft_p_min, draft_vocab,
           max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes, verbose, **opts):

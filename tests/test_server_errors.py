@@ -184,3 +184,12 @@ def test_disconnect_mid_stream_cancels_within_one_round(server, target):
 def test_non_loopback_host_needs_an_api_key(tmp_path):
     res = run_cli(tmp_path, "serve", "--host", "0.0.0.0", "--model", "/nonexistent/model", timeout=60)
     assert_refused(res, "--api-key", "--insecure", "0.0.0.0")
+
+
+def test_a_port_in_use_is_one_line_before_loading(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run_cli(tmp_path, "serve", "--port", str(port), "--model", "/nonexistent/model", timeout=60)
+    assert_refused(res, f"cannot listen on 127.0.0.1:{port}")  # not "model not found": nothing slow ran first
