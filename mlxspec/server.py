@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import click
 
 from .errors import MlxspecError
-from .generate_cli import parse_draft_vocab, parse_num_draft, sampling_kwargs, sampling_options
+from .options import draft_options, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 from .server_engine import Engine, Job, QueueFull
 from .server_requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
 from .server_stream import SSE_DONE, Shapes, openai_finish, sse
@@ -276,21 +276,13 @@ def chat_page() -> bytes:
 
 @click.command()
 @click.argument("pair_arg", metavar="[PAIR]", required=False)
-@click.option("--model", default=None, help="Target model or pair folder (default: the Qwen2.5-Coder 1.5B/0.5B pair).")
-@click.option("--draft", "--draft-model", "draft", default=None,
-              help="Draft model (folder, .gguf, catalog name or cached repo id).")
-@click.option("--no-draft", is_flag=True, help="Plain target decoding.")
-@click.option("--num-draft", "--num-draft-tokens", "num_draft", default=None,
-              help="Draft tokens per round, or 'auto' (default); requests may set num_draft_tokens (0: no drafting).")
-@click.option("--num-draft-max", type=click.IntRange(0, 16), default=None,
-              help="With --num-draft auto: the most tokens drafted per round.")
-@click.option("--drafter", default=None, help="model | hybrid | lookup | layerskip | none (default: model).")
-@click.option("--draft-p-min", type=float, default=0.0, help="Stop drafting below this draft probability.")
-@click.option("--draft-vocab", default=None, callback=lambda c, p, v: parse_draft_vocab(v),
-              help="Tokens the draft's head scores (N, or 'full').")
+@model_options
+@click.option("--draft-model", "draft_model", default=None, help="Same as --draft (mlx_lm.server's spelling).")
+@draft_options
+@click.option("--num-draft-tokens", "num_draft_tokens", type=typed("num_draft"), default=None,
+              help="Same as --num-draft (mlx_lm.server's spelling).")
 @sampling_options
-@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Reply length for requests that do not set max_tokens.")
+@max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port.")
 @click.option("--api-key", default=None, envvar="MLXSPEC_API_KEY",
@@ -301,8 +293,9 @@ def chat_page() -> bytes:
 @click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True,
               help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
-def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter, draft_p_min, draft_vocab,
-          max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes, verbose, **opts):
+def serve(pair_arg, model, draft, draft_model, no_draft, num_draft, num_draft_tokens, num_draft_max, drafter,
+          draft_p_min, draft_vocab, tree, max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes,
+          verbose, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from .api import make_decoder
     from .loading import load, model_name
@@ -310,17 +303,16 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter, d
 
     if pair_arg and model:
         raise click.UsageError("give a PAIR or --model, not both")
+    if draft and draft_model:
+        raise click.UsageError("give --draft or --draft-model, not both")
+    if num_draft is not None and num_draft_tokens is not None:
+        raise click.UsageError("give --num-draft or --num-draft-tokens, not both")
+    draft = draft or draft_model
+    num_draft = num_draft if num_draft is not None else num_draft_tokens
     if not is_loopback(host) and not api_key and not insecure:
         raise MlxspecError(f"refusing to listen on {printable(host, 100)} without --api-key: anyone who can reach "
                            "this machine could use it; pass --api-key KEY (or --insecure to allow it anyway)")
-    try:
-        num_draft = parse_num_draft(num_draft)
-    except click.BadParameter as e:
-        raise click.BadParameter(e.message, param_hint="--num-draft")
-    try:
-        defaults = SamplingParams(**sampling_kwargs(opts))
-    except ValueError as e:
-        raise click.UsageError(str(e))
+    defaults = SamplingParams(**sampling_kwargs(opts))  # each value already checked by options.py
     try:
         cls = Server6 if ":" in host else Server
         httpd = cls((host.strip("[]"), port), Handler)
@@ -332,7 +324,7 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter, d
         needs_draft = drafter in (None, "model", "hybrid") or draft is not None
         pair = load(spec, draft, no_draft=no_draft or not needs_draft)
         decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
-                               draft_vocab=draft_vocab, num_draft_max=num_draft_max)
+                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
         name = model_name(pair.target_path, pair.target_config)
         httpd.engine = Engine(pair, decoder, num_draft, max_queue)
         httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens

@@ -1,6 +1,7 @@
 """`mlxspec serve`: an HTTP request body, checked field by field, into a `GenRequest`.
 
-Every malformed request is a `RequestError` carrying what the OpenAI API puts in
+Numbers follow the same rules (options.py) as the CLI and the Python API.  Every
+malformed request is a `RequestError` carrying what the OpenAI API puts in
 its error object (message, param, code) and the HTTP status, raised before the
 request takes a place in the generation queue.  Fields the server does not use
 (`user`, `logprobs`, `tools`, ...) are ignored, as other local servers do.
@@ -16,7 +17,6 @@ from .sampling import SamplingParams
 from .untrusted import printable
 
 MAX_STOP_STRINGS = 4
-MAX_NUM_DRAFT = 16
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
@@ -69,16 +69,19 @@ def _wrong(name: str, want: str, v) -> RequestError:
                         param=name, code="invalid_type")
 
 
-def _number(body: dict, name: str, lo=None, hi=None, integer=False, lo_open=False):
-    v = body.get(name)
+def _setting(body: dict, field: str, rule: str | None = None):
+    """body[field] checked by options.py's rule for `rule` (the same rule as the CLI
+    and the Python API), or None when absent."""
+    from .options import BadValue, check
+
+    v = body.get(field)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise _wrong(name, "an integer" if integer else "a number", v)
-    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
-        rng = f"{'(' if lo_open else '['}{lo}, {hi if hi is not None else 'inf'}]"
-        raise RequestError(f"'{name}' must be in {rng}, got {v}", param=name, code="invalid_value")
-    return v
+    try:
+        return check(rule or field, v)
+    except BadValue as e:
+        code = "invalid_type" if isinstance(v, bool) or not isinstance(v, (int, float)) else "invalid_value"
+        raise RequestError(f"'{field}' {e.rule}, got {printable(json.dumps(v)[:40])}", param=field, code=code)
 
 
 def _bool(body: dict, name: str, default=False) -> bool:
@@ -160,17 +163,6 @@ def parse_stop(body: dict) -> list[str]:
     return [x for x in stops if x]
 
 
-def parse_num_draft(body: dict):
-    v = body.get("num_draft_tokens")
-    if v is None or v == "auto":
-        return v
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_NUM_DRAFT:
-        raise RequestError(f"'num_draft_tokens' must be a whole number 0..{MAX_NUM_DRAFT} (0: no drafting) or "
-                           f"\"auto\", got {printable(json.dumps(v)[:40])}", param="num_draft_tokens",
-                           code="invalid_value")
-    return v
-
-
 def parse_request(kind: str, body: dict) -> GenRequest:
     """Check every field this server reads; the first problem is a RequestError."""
     model = body.get("model")
@@ -178,22 +170,18 @@ def parse_request(kind: str, body: dict) -> GenRequest:
         raise _wrong("model", "a string", model)
     messages = parse_messages(body) if kind == "chat" else None
     prompt = parse_prompt(body) if kind == "completion" else None
-    n = _number(body, "n", integer=True)
-    if n is not None and n != 1:
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(f"'n' must be 1 (one completion per request), got {n}", param="n", code="invalid_value")
     max_tokens = None
     for name in ("max_tokens", "max_completion_tokens"):  # the newer name wins when both are given
-        v = _number(body, name, integer=True)
+        v = _setting(body, name, "max_tokens")
         if v is not None:
-            if v < 1:
-                raise RequestError(f"'{name}' must be at least 1, got {v}", param=name, code="invalid_value")
             max_tokens = v
     sampling = {}
-    for name, key, kw in (("temperature", "temp", dict(lo=0, hi=100)), ("top_p", "top_p", dict(lo=0, hi=1, lo_open=True)),
-                          ("top_k", "top_k", dict(lo=0, integer=True)), ("min_p", "min_p", dict(lo=0, hi=0.999999)),
-                          ("repetition_penalty", "repetition_penalty", dict(lo=0, lo_open=True, hi=100)),
-                          ("seed", "seed", dict(integer=True))):
-        v = _number(body, name, **kw)
+    for name, key in (("temperature", "temp"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
+                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed")):
+        v = _setting(body, name, key)
         if v is not None:
             sampling[key] = v
     stream = _bool(body, "stream")
@@ -202,7 +190,7 @@ def parse_request(kind: str, body: dict) -> GenRequest:
         raise _wrong("stream_options", "an object", opts)
     include_usage = _bool(opts or {}, "include_usage") if opts else False
     return GenRequest(kind, model, messages, prompt, max_tokens, sampling, parse_stop(body), stream,
-                      include_usage, parse_num_draft(body))
+                      include_usage, _setting(body, "num_draft_tokens", "num_draft"))
 
 
 def sampling_params(defaults: SamplingParams, req: GenRequest) -> SamplingParams:
