@@ -99,7 +99,7 @@ class SpeculativeDecoder:
         stats.prompt_tokens_processed = self.target.positions - before + 1
         stats.prompt_time = time.perf_counter() - t0
 
-        produced = 0
+        produced, refed = 0, self.target.refed
         t_start = time.perf_counter()
         try:
             while produced < max_tokens:
@@ -167,3 +167,4 @@ class SpeculativeDecoder:
             stats.generation_time = time.perf_counter() - t_start
             if history:
                 self.target.sync(history)
+            stats.refed_positions = self.target.refed - refed

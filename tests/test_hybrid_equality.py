@@ -1,0 +1,100 @@
+"""Greedy speculation on hybrid and state-space targets (qwen3_5: gated delta-net +
+attention; mamba2: recurrent only; lfm2: short convolutions + attention) gives
+the target's own greedy output, with an attention-only draft, a hybrid draft and
+prompt lookup, for k = 1..8 and the per-token policy; rollbacks of recurrent
+state really happen (re-fed positions); and a rollback that does not restore
+the recurrent state (the control) is caught by the same checks."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import drafter_models
+import tiny_hybrid
+from mlxspec.cost_model import assumed
+from mlxspec.draft_length import FixedK, PerToken
+from mlxspec.drafters import ModelDrafter, PromptLookupDrafter
+from mlxspec.recurrent import Checkpoints
+from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.stats import GenerationStats
+from test_greedy_equality import MAX_TOKENS, assert_same_or_near_tie, plain
+
+PAIRS = tiny_hybrid.pairs()
+
+
+def setup(name, prompt):
+    target, draft = PAIRS[name]
+    if draft is None:
+        return target, PromptLookupDrafter(max_ngram=3, min_ngram=1), drafter_models.grounded_prompt(target, prompt)
+    return target, ModelDrafter(draft), prompt
+
+
+def policy(k, drafter):
+    if k == "auto":  # drafting cheap, so rounds run long and stop by confidence
+        return PerToken(assumed(0.05), 8, lookup=not drafter.uses_draft_model, model=drafter.uses_draft_model)
+    return FixedK(k)
+
+
+def run(target, drafter, prompt, k, stats=None):
+    dec = SpeculativeDecoder(target, drafter, policy(k, drafter))
+    h = list(prompt)
+    got = [t for t, _ in dec.generate(h, max_tokens=MAX_TOKENS, stats=stats)]
+    assert h == list(prompt) + got
+    return got, dec
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.lists(st.integers(5, 299), min_size=1, max_size=16),
+    k=st.sampled_from(list(range(1, 9)) + ["auto"]),
+)
+def test_greedy_speculative_equals_plain(name, prompt, k):
+    target, drafter, prompt = setup(name, prompt)
+    got, _ = run(target, drafter, prompt, k)
+    assert_same_or_near_tie(target, prompt, plain(target, prompt), got)
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_every_k_with_a_fixed_prompt_exercises_rollbacks(name):
+    """k = 1..8: the output is the target's, drafts are kept and rejected, and the
+    target re-feeds positions after its recurrent layers roll back."""
+    accepted = rejected = refed = 0
+    for k in range(1, 9):
+        target, drafter, prompt = setup(name, [7, 19, 200, 31, 31, 5])
+        stats = GenerationStats()
+        got, dec = run(target, drafter, prompt, k, stats)
+        assert_same_or_near_tie(target, prompt, plain(target, prompt), got)
+        accepted += stats.draft_accepted
+        rejected += stats.draft_proposed - stats.draft_accepted
+        refed += dec.target.refed
+        assert stats.refed_positions == dec.target.refed
+    assert accepted > 10 and rejected > 10 and refed > 10, (accepted, rejected, refed)
+
+
+class NotRestored(Checkpoints):
+    """The control: a rollback that forgets to restore the recurrent state (it
+    trims attention layers and re-feeds, but the recurrent layers keep the
+    rejected tokens folded in)."""
+
+    def restore(self, keep):
+        while self.points and self.points[-1][0] > keep:
+            self.points.pop()
+        return self.points[-1][0] if self.points else 0
+
+
+def break_rollback(state):
+    state.checkpoints.__class__ = NotRestored
+
+
+@pytest.mark.parametrize("name", ["qwen3_5+qwen2", "mamba2+qwen3_5", "lfm2+lfm2", "lfm2+lookup"])
+def test_a_rollback_that_does_not_restore_the_state_is_caught(name):
+    diverged = 0
+    for k in range(1, 9):
+        for start in ([7, 19, 200, 31, 31, 5], [40, 41, 42]):
+            target, drafter, prompt = setup(name, start)
+            dec = SpeculativeDecoder(target, drafter, FixedK(k))
+            break_rollback(dec.target)
+            got = [t for t, _ in dec.generate(list(prompt), max_tokens=MAX_TOKENS)]
+            diverged += got != plain(target, prompt)
+    assert diverged >= 4, diverged
