@@ -65,6 +65,8 @@ class ModelState:
             self.refed += keep - pos
             del self.tokens[pos:]
             self.fed = keep = pos
+        elif self.checkpoints:
+            self.checkpoints.prune()
         return history[keep:]
 
     def forward(self, tokens) -> mx.array:

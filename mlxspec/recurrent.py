@@ -109,9 +109,14 @@ class Checkpoints:
         for c, s in zip(self.layers, states):
             c.cache = list(s)
             c.lengths = c.left_padding = None
+        self.prune()
+        return pos
+
+    def prune(self) -> None:
+        """Keep the newest checkpoint and the last few anchors: a state per round
+        in flight, not one per token generated."""
         older = [p for p in self.points[:-1] if p[2]][-MAX_ANCHORS:]
         self.points = older + self.points[-1:]
-        return pos
 
 
 def roll_back(cache, checkpoints: Checkpoints, keep: int) -> int:
