@@ -63,6 +63,22 @@ class CostModel:
         return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}} ({self.source})"
 
 
+def predicted_speedup(cm: CostModel, acceptance: float, k: int, refeed: bool = False) -> float:
+    """Speed-up over plain decoding of rounds of k drafts, each kept with probability
+    `acceptance` (independently), per this cost model.  `refeed`: a recurrent target
+    feeds a partly rejected round's kept positions again in the next pass (recurrent.py):
+    j + 1 positions after j kept and one rejected."""
+    a = acceptance
+    tokens = sum(a ** i for i in range(k + 1))
+    time = k * cm.draft_step + cm.verify_width(k + 1)
+    if refeed:
+        refed = sum(a ** j * (1 - a) * (j + 1) for j in range(k))
+        lo = cm.verify_width(k + 1 + int(refed))
+        hi = cm.verify_width(k + 2 + int(refed))
+        time += lo + (hi - lo) * (refed - int(refed)) - cm.verify_width(k + 1)
+    return tokens / time
+
+
 def assumed(relative_cost: float, slope: float = ASSUMED_VERIFY_SLOPE, width: int = 17) -> CostModel:
     """A cost model from a guess: the drafter's own estimate of its relative cost."""
     return CostModel(round(relative_cost, 2), [round(1 + slope * (w - 1), 2) for w in range(1, width + 1)])

@@ -56,6 +56,13 @@ def state_arrays(cache) -> list:
     return out
 
 
+def has_recurrent(model) -> bool:
+    """Does the model keep a recurrent state (so a rejection costs re-fed positions)?"""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return any(is_recurrent(c) for c in leaves(make_prompt_cache(model)))
+
+
 def rollback_problem(cache) -> str | None:
     """Why this (fresh) cache cannot be rolled back exactly, or None if it can."""
     bad = sorted({type(c).__name__ for c in leaves(cache)
