@@ -98,3 +98,20 @@ def test_a_rollback_that_does_not_restore_the_state_is_caught(name):
             got = [t for t, _ in dec.generate(list(prompt), max_tokens=MAX_TOKENS)]
             diverged += got != plain(target, prompt)
     assert diverged >= 4, diverged
+
+
+@pytest.mark.parametrize("name,keep", [("qwen3_5+qwen2", [1, 2, 3]), ("lfm2+lfm2", [0, 1, 3]), ("lfm2+lfm2", [0, 2])])
+def test_layer_skip_on_a_hybrid_target(name, keep):
+    """Self-speculation with recurrent layers skipped (their state stays empty) or kept."""
+    from mlxspec.drafters import LayerSkipDrafter
+    from test_hybrid_rollback import assert_state_is_fresh_prefill
+
+    target = PAIRS[name][0]
+    for k in (1, 3, 6):
+        drafter = LayerSkipDrafter(target, keep=keep)
+        prompt = [7, 19, 200, 31, 31, 5]
+        got, dec = run(target, drafter, prompt, k)
+        assert_same_or_near_tie(target, prompt, plain(target, prompt), got)
+        history = prompt + got
+        drafter.prefill(history)
+        assert_state_is_fresh_prefill(drafter.state, history[:-1])
