@@ -21,6 +21,12 @@ costs re-fed positions in the next pass, never an extra pass:
 * a draft model steps one token per forward, so it has a checkpoint at every
   position it may be rolled back to and never re-feeds.
 
+A sliding-window (rotating) KV cache is trimmable only until it wraps: past its
+window, a trim cannot bring back the positions the rejected tokens overwrote.
+Its checkpoint is new handles of its key/value arrays (writes into the cache's
+own arrays leave them alone) plus its offsets; a rollback uses the checkpoints
+once a window has wrapped, and plain trimming before.
+
 Mixed lists (some layers attention, some recurrent; `CacheList` nests both) are
 handled leaf by leaf.  `rollback_problem` names what cannot be rolled back
 exactly (a cache kind that neither trims nor is a plain array state).
@@ -28,7 +34,8 @@ exactly (a cache kind that neither trims nor is a plain array state).
 
 from __future__ import annotations
 
-from mlx_lm.models.cache import ArraysCache, CacheList
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 
 MAX_ANCHORS = 2  # older checkpoints kept where a prefill ended (a new turn, a regenerated reply)
 
@@ -43,6 +50,14 @@ def leaves(cache) -> list:
 
 def is_recurrent(c) -> bool:
     return isinstance(c, ArraysCache)
+
+
+def snapshotted(c) -> bool:
+    return isinstance(c, (ArraysCache, RotatingKVCache))
+
+
+def wrapped(c) -> bool:
+    return isinstance(c, RotatingKVCache) and c.offset >= c.max_size
 
 
 def state_arrays(cache) -> list:
@@ -66,7 +81,7 @@ def has_recurrent(model) -> bool:
 def rollback_problem(cache) -> str | None:
     """Why this (fresh) cache cannot be rolled back exactly, or None if it can."""
     bad = sorted({type(c).__name__ for c in leaves(cache)
-                  if not is_recurrent(c) and not (hasattr(c, "trim") and hasattr(c, "offset") and c.is_trimmable())})
+                  if not snapshotted(c) and not (hasattr(c, "trim") and hasattr(c, "offset") and c.is_trimmable())})
     if bad:
         return f"its {', '.join(bad)} layers can neither be trimmed nor snapshotted"
     return None
@@ -77,20 +92,44 @@ def cached_positions(cache) -> int:
     return max((c.offset for c in leaves(cache) if not is_recurrent(c)), default=0)
 
 
+def _handle(a):
+    """A new array object for the same value: the cache's in-place writes
+    (`keys[..., i, :] = k`) replace what its own object holds, not this one."""
+    return None if a is None else mx.stop_gradient(a)
+
+
+def _snapshot(c):
+    if is_recurrent(c):
+        return list(c.cache)
+    return _handle(c.keys), _handle(c.values), c.offset, c._idx
+
+
+def _put(c, state) -> None:
+    if is_recurrent(c):
+        c.cache = list(state) if state is not None else [None] * len(c.cache)
+        c.lengths = c.left_padding = None
+    else:
+        k, v, c.offset, c._idx = state if state is not None else (None, None, 0, 0)
+        c.keys, c.values = _handle(k), _handle(v)
+
+
 class Checkpoints:
-    """Snapshots of the recurrent layers' states, by position (sorted)."""
+    """Snapshots of the recurrent (and sliding-window) layers, by position (sorted)."""
 
     def __init__(self, cache):
-        self.layers = [c for c in leaves(cache) if is_recurrent(c)]
+        self.layers = [c for c in leaves(cache) if snapshotted(c)]
         self.points: list[tuple[int, list, bool]] = []  # (position, states, anchor)
 
     def __bool__(self) -> bool:
         return bool(self.layers)
 
     def record(self, position: int, anchor: bool = False) -> None:
-        while self.points and self.points[-1][0] >= position:
+        self.drop_after(position - 1)
+        self.points.append((position, [_snapshot(c) for c in self.layers], anchor))
+
+    def drop_after(self, position: int) -> None:
+        while self.points and self.points[-1][0] > position:
             self.points.pop()
-        self.points.append((position, [list(c.cache) for c in self.layers], anchor))
 
     def mark(self) -> int:
         return len(self.points)
@@ -104,18 +143,12 @@ class Checkpoints:
             self.points.append((pos, states, True))
 
     def restore(self, keep: int) -> int:
-        """Put the recurrent layers back to the newest checkpoint at or before `keep`
-        (none: their empty start state); return its position.  Older checkpoints are
-        dropped but for the last few anchors, so memory stays a few states."""
-        while self.points and self.points[-1][0] > keep:
-            self.points.pop()
-        if self.points:
-            pos, states, _ = self.points[-1]
-        else:
-            pos, states = 0, [[None] * len(c.cache) for c in self.layers]
+        """Put the snapshotted layers back to the newest checkpoint at or before
+        `keep` (none: their empty start state); return its position."""
+        self.drop_after(keep)
+        pos, states = (self.points[-1][0], self.points[-1][1]) if self.points else (0, [None] * len(self.layers))
         for c, s in zip(self.layers, states):
-            c.cache = list(s)
-            c.lengths = c.left_padding = None
+            _put(c, s)
         self.prune()
         return pos
 
@@ -128,14 +161,19 @@ class Checkpoints:
 
 def roll_back(cache, checkpoints: Checkpoints, keep: int) -> int:
     """Roll every layer back to at most `keep` positions; return the position
-    reached (= keep without recurrent layers; else the checkpoint's).  A layer
-    holding fewer positions than that (a forward interrupted half-way) sends
-    every layer back to the start."""
-    pos = checkpoints.restore(keep) if checkpoints else keep
-    attention = [c for c in leaves(cache) if not is_recurrent(c)]
-    if any(c.offset < pos for c in attention):
+    reached: `keep` where trimming is exact (attention layers, windows that have
+    not wrapped), else the newest checkpoint's.  A layer holding fewer positions
+    than that (a forward interrupted half-way) sends every layer to the start."""
+    layers = leaves(cache)
+    if any(is_recurrent(c) or wrapped(c) for c in layers):
+        pos, trimmed = checkpoints.restore(keep), [c for c in layers if not snapshotted(c)]
+    else:
+        checkpoints.drop_after(keep)
+        checkpoints.prune()
+        pos, trimmed = keep, layers
+    if any(c.offset < pos for c in trimmed):
         return roll_back(cache, checkpoints, 0) if pos else 0
-    for c in attention:
+    for c in trimmed:
         if c.offset > pos:
             c.trim(c.offset - pos)
     return pos

@@ -115,3 +115,24 @@ def test_layer_skip_on_a_hybrid_target(name, keep):
         history = prompt + got
         drafter.prefill(history)
         assert_state_is_fresh_prefill(drafter.state, history[:-1])
+
+
+def test_sliding_window_past_its_window():
+    """gemma3's sliding-window layers (RotatingKVCache, a 4-token window here) cannot
+    be trimmed once the window wraps; their checkpoints make rollbacks exact there
+    (before, the whole trim was skipped and speculation diverged from plain)."""
+    import tiny_models
+
+    cfg = {**tiny_models.config_for("gemma3_text"), "head_dim": 16, "query_pre_attn_scalar": 16,
+           "sliding_window": 4, "sliding_window_pattern": 2}
+    target = tiny_models.build(cfg, seed=11, scale=3.0)
+    draft = tiny_models.perturbed(target, cfg, noise=0.03, seed=5)
+    accepted = rejected = 0
+    for k in range(1, 7):
+        for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14]):
+            stats = GenerationStats()
+            got, _ = run(target, ModelDrafter(draft), prompt, k, stats)
+            assert_same_or_near_tie(target, prompt, plain(target, prompt), got)
+            accepted += stats.draft_accepted
+            rejected += stats.draft_proposed - stats.draft_accepted
+    assert accepted > 10 and rejected > 10, (accepted, rejected)
