@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import MlxspecError
-from .state_memory import STATE_COPIES, recurrent_layers, recurrent_state_bytes
+from .state_memory import DELTA_NET_TYPES, STATE_COPIES, delta_net_tensors, recurrent_layers, recurrent_state_bytes
 from .untrusted import printable
 
 GiB = 1 << 30
@@ -257,6 +257,8 @@ def estimate_from_config(config: dict, dtype: str = "BF16") -> list:
     """Synthetic (dtype, shape) tensors of a standard decoder (Llama/Qwen/Mistral
     family), for when no safetensors header is available."""
     c = text_config(config)
+    if c.get("model_type") in DELTA_NET_TYPES:
+        return delta_net_tensors(c, dtype)
     h, v, layers = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
     ffn = int(c.get("intermediate_size", 4 * h))
     hd, nq, nkv = head_dim(c), int(c["num_attention_heads"]), kv_heads(c)

@@ -54,3 +54,25 @@ def recurrent_state_bytes(config: dict, dtype_bytes: int) -> int:
     else:
         return 0
     return recurrent_layers(c) * per_layer * int(dtype_bytes)
+
+
+def delta_net_tensors(config: dict, dtype: str = "BF16") -> list:
+    """Synthetic (dtype, shape) tensors of a Qwen3.5 / Qwen3-Next dense text model
+    (mlx_lm.models.qwen3_5): gated delta-net layers, every `full_attention_interval`-th
+    layer gated attention (q_proj twice as wide: query and output gate)."""
+    c = _text_config(config)
+    g = lambda k, d=0: int(c.get(k) or d)  # noqa: E731
+    h, v, n, ffn = g("hidden_size"), g("vocab_size"), g("num_hidden_layers"), g("intermediate_size")
+    nq, nkv = g("num_attention_heads"), g("num_key_value_heads", c.get("num_attention_heads"))
+    hd = g("head_dim", h // nq)
+    hk, dk, hv, dv = (g("linear_num_key_heads"), g("linear_key_head_dim"), g("linear_num_value_heads"),
+                      g("linear_value_head_dim"))
+    kd, vd, conv = hk * dk, hv * dv, g("linear_conv_kernel_dim", 4)
+    out = [(dtype, (v, h)), (dtype, (h,))] + ([] if c.get("tie_word_embeddings") else [(dtype, (v, h))])
+    common = [(dtype, (ffn, h)), (dtype, (ffn, h)), (dtype, (h, ffn)), (dtype, (h,)), (dtype, (h,))]
+    linear = [(dtype, (2 * kd + vd, h)), (dtype, (vd, h)), (dtype, (hv, h)), (dtype, (hv, h)),
+              (dtype, (2 * kd + vd, conv, 1)), (dtype, (hv,)), (dtype, (hv,)), (dtype, (dv,)), (dtype, (h, vd))]
+    attention = [(dtype, (2 * nq * hd, h)), (dtype, (nkv * hd, h)), (dtype, (nkv * hd, h)), (dtype, (h, nq * hd)),
+                 (dtype, (hd,)), (dtype, (hd,))]
+    n_linear = recurrent_layers(c)
+    return out + (common + linear) * n_linear + (common + attention) * (n - n_linear)

@@ -36,3 +36,26 @@ def test_budget_rows_for_a_hybrid_pair():
     assert len(state_rows) == 2 and all(rows[1024][k] == rows[8192][k] > 0 for k in state_rows)
     assert rows[1024]["draft KV cache (1024 tokens, 32-bit)"] == 0  # mamba2: no attention layers
     assert "x 16 snapshots" in state_rows[1] and "x 4 snapshots" in state_rows[0]
+
+
+def test_delta_net_weights_estimate_matches_the_real_model():
+    """`estimate_from_config` of a Qwen3.5 config gives the tensors mlx_lm builds."""
+    from collections import Counter
+
+    from mlx.utils import tree_flatten
+
+    real = Counter(tuple(v.shape) for _, v in tree_flatten(tiny_hybrid.build("qwen3_5").parameters()))
+    est = Counter(shape for _, shape in memory.estimate_from_config(tiny_hybrid.config("qwen3_5")))
+    assert real == est
+
+
+def test_pairs_lists_qwen35_with_its_state():
+    from mlxspec.converters import catalog
+
+    rows, _, _ = catalog.estimates(4096, budget_gb=64)
+    hybrid = [e for e in rows if e.target.startswith("Qwen/Qwen3.5-")]
+    assert {e.target for e in hybrid} == {"Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B", "Qwen/Qwen3.5-27B"}
+    for e in hybrid:
+        assert e.draft == "Qwen/Qwen3.5-0.8B"
+        assert any("recurrent state" in label for label, _ in e.f32.rows)
+    assert "Qwen/Qwen3.5-9B" in catalog.table(rows)
