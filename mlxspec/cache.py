@@ -16,9 +16,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from .errors import MlxspecError
-from .recurrent import Checkpoints, cached_positions, roll_back, rollback_problem, state_arrays
+from .recurrent import Checkpoints, cached_positions, roll_back, rollback_problem, split_point, state_arrays
 
 PREFILL_STEP = 512
+MERGE_LIMIT = 4  # without a cost model (cost_model.merge_limit)
 
 
 def check_rollback(model, name="model"):
@@ -48,6 +49,7 @@ class ModelState:
         self.model = model
         self.positions = 0  # forward positions computed, for tests and stats
         self.refed = 0  # of which fed again after a recurrent rollback (recurrent.py)
+        self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
         self.reset()
 
     def sync(self, history: list[int]) -> list[int]:
@@ -67,20 +69,28 @@ class ModelState:
             self.fed = keep = pos
         elif self.checkpoints:
             self.checkpoints.prune()
+        self.known = len(history)
         return history[keep:]
 
     def forward(self, tokens) -> mx.array:
         """Logits (T, V) for `tokens`, appended to the cache.  A list of ids is
         recorded in `self.tokens`; a lazy mx.array (a draft model feeding its own
-        samples) is not -- its caller records the ids once they are evaluated."""
-        lazy = isinstance(tokens, mx.array)
-        x = tokens if lazy else mx.array(tokens, dtype=mx.uint32)
+        samples) is not -- its caller records the ids once they are evaluated.
+        Re-fed history beyond `merge_limit` gets a call of its own (still one
+        lazy graph), so that a checkpoint follows it (recurrent.split_point)."""
+        if isinstance(tokens, mx.array):
+            return self._call(tokens)
+        cut = split_point(len(tokens), self.known - self.fed, self.merge_limit) if self.checkpoints else 0
+        x = mx.array(tokens, dtype=mx.uint32)
+        logits = mx.concatenate([self._call(x[:cut]), self._call(x[cut:])]) if cut else self._call(x)
+        self.tokens.extend(tokens)
+        return logits
+
+    def _call(self, x: mx.array) -> mx.array:
         self.fed += x.size  # first: an interrupted call still counts as fed, and is rolled back
         logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
         if self.checkpoints:
             self.checkpoints.record(self.fed)
-        if not lazy:
-            self.tokens.extend(tokens)
         self.positions += x.size
         return logits
 
@@ -101,4 +111,5 @@ class ModelState:
         self.cache = make_prompt_cache(self.model)
         self.tokens: list[int] = []
         self.fed = 0  # positions the cache holds; more than len(tokens) only mid-step
+        self.known = 0  # the last synced history's length: positions below it are settled
         self.checkpoints = Checkpoints(self.cache)

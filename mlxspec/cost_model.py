@@ -63,19 +63,30 @@ class CostModel:
         return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}} ({self.source})"
 
 
+MERGE_MAX_EXTRA = 0.5  # re-fed positions ride along in a verify pass while they add at most half a plain step
+
+
+def merge_limit(cm: CostModel) -> int:
+    """How many re-fed positions (recurrent.py) may ride along in a verify pass before
+    they get a call of their own: while they add at most MERGE_MAX_EXTRA."""
+    return max((r for r in range(17) if cm.verify_width(1 + r) - 1 <= MERGE_MAX_EXTRA), default=0)
+
+
+def refeed_cost(cm: CostModel, n: int) -> float:
+    """What re-feeding n positions after a rejection costs a recurrent target."""
+    return cm.verify_width(1 + n) - 1 if n <= merge_limit(cm) else cm.verify_width(n)
+
+
 def predicted_speedup(cm: CostModel, acceptance: float, k: int, refeed: bool = False) -> float:
     """Speed-up over plain decoding of rounds of k drafts, each kept with probability
     `acceptance` (independently), per this cost model.  `refeed`: a recurrent target
-    feeds a partly rejected round's kept positions again in the next pass (recurrent.py):
-    j + 1 positions after j kept and one rejected."""
+    feeds a partly rejected round's kept positions again (recurrent.py): j + 1
+    positions after j kept and one rejected."""
     a = acceptance
     tokens = sum(a ** i for i in range(k + 1))
     time = k * cm.draft_step + cm.verify_width(k + 1)
     if refeed:
-        refed = sum(a ** j * (1 - a) * (j + 1) for j in range(k))
-        lo = cm.verify_width(k + 1 + int(refed))
-        hi = cm.verify_width(k + 2 + int(refed))
-        time += lo + (hi - lo) * (refed - int(refed)) - cm.verify_width(k + 1)
+        time += sum(a ** j * (1 - a) * refeed_cost(cm, j + 1) for j in range(k))
     return tokens / time
 
 

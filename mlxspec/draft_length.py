@@ -31,7 +31,7 @@ A target with recurrent layers (hybrid / state-space models, recurrent.py) pays
 more for a rejection: its accepted positions are fed again in the next pass.
 Drafting token i + 1 when i are kept risks that with probability P_i * (1 - a),
 for i + 1 re-fed positions, so with `refeed` that expected cost
-P_i * (1 - a) * (V(i + 2) - 1) is added to the token's cost.
+P_i * (1 - a) * R(i + 1) is added to the token's cost (R: cost_model.refeed_cost).
 
 Fallback: if even the first draft of a round is not worth its cost (a < c + V(2) - 1,
 i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
@@ -103,7 +103,9 @@ class Round:
         pol = self.policy
         if not getattr(pol, "refeed", False):
             return 0.0
-        return self.p * (1 - a) * (pol.cost.verify_width(self.kept + 2) - 1)
+        from .cost_model import refeed_cost
+
+        return self.p * (1 - a) * refeed_cost(pol.cost, self.kept + 1)
 
 
 class FixedK:

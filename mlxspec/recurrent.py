@@ -17,7 +17,10 @@ costs re-fed positions in the next pass, never an extra pass:
 * the target records a checkpoint before its verify pass (the end of the
   previous pass) and after it; on a rejection it goes back to the one before,
   and the accepted tokens ride along in the next verify pass (`refed` counts
-  them);
+  them).  Should that pass be rejected too, it would go back to the same old
+  checkpoint and re-feed ever more; so beyond a few positions (`merge_limit`,
+  from the cost model) the re-fed tokens get a model call of their own inside
+  the same lazy graph, and a checkpoint right after them;
 * a draft model steps one token per forward, so it has a checkpoint at every
   position it may be rolled back to and never re-feeds.
 
@@ -157,6 +160,15 @@ class Checkpoints:
         in flight, not one per token generated."""
         older = [p for p in self.points[:-1] if p[2]][-MAX_ANCHORS:]
         self.points = older + self.points[-1:]
+
+
+def split_point(n_tokens: int, n_history: int, limit: int) -> int:
+    """Where to cut a forward of `n_tokens` whose first `n_history` are settled history:
+    after the re-fed ones (all of that history but its last token) when there are more
+    than `limit` of them and new tokens follow; 0 = one call.  Without the cut a rejection
+    in this pass would go back to the same checkpoint again, re-feeding more each round."""
+    refed = n_history - 1
+    return refed if refed > limit and n_history < n_tokens else 0
 
 
 def roll_back(cache, checkpoints: Checkpoints, keep: int) -> int:

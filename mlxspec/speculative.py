@@ -58,6 +58,10 @@ class SpeculativeDecoder:
         if policy is None:
             policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
         self.policy = policy
+        if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
+            from .cost_model import merge_limit
+
+            self.target.merge_limit = merge_limit(policy.cost)
         self.context_length = context_length
 
     def reset(self):

@@ -78,9 +78,10 @@ class NotRestored(Checkpoints):
     rejected tokens folded in)."""
 
     def restore(self, keep):
-        while self.points and self.points[-1][0] > keep:
-            self.points.pop()
-        return self.points[-1][0] if self.points else 0
+        self.drop_after(keep)
+        pos = self.points[-1][0] if self.points else 0
+        self.prune()
+        return pos
 
 
 def break_rollback(state):

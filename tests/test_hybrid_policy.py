@@ -11,7 +11,7 @@ import pytest
 
 import tiny_hybrid
 from mlxspec.api import make_policy
-from mlxspec.cost_model import CostModel, predicted_speedup
+from mlxspec.cost_model import CostModel, predicted_speedup, refeed_cost
 from mlxspec.draft_length import FixedK, PerToken, Round
 from mlxspec.drafters import ModelDrafter
 from test_draft_length import Text, uniform
@@ -42,7 +42,7 @@ def hybrid_speed(text, policy, cm, rounds=3000):
         tokens += kept + 1
         cost += cm.verify_width(len(confs) + 1) + cm.draft_step * steps
         if kept < len(confs):
-            cost += cm.verify_width(kept + 2) - 1
+            cost += refeed_cost(cm, kept + 1)
     return tokens / cost
 
 

@@ -81,27 +81,12 @@ def test_states_match_fresh_prefill(name, prompt, k, max_tokens, temp):
     check_after_generation(dec, drafter, history)
 
 
-@pytest.mark.parametrize("name", ["qwen3_5+qwen2", "mamba2+qwen3_5", "lfm2+lfm2"])
-def test_the_control_fails_the_comparison(name):
-    """State not restored: the recurrent arrays no longer match a fresh prefill."""
-    target, draft = PAIRS[name]
-    dec = SpeculativeDecoder(target, ModelDrafter(draft), FixedK(6))
-    break_rollback(dec.target)
-    history = [7, 19, 200, 31, 31, 5]
-    list(dec.generate(history, max_tokens=24))
-    assert dec.target.refed > 0
-    with pytest.raises(AssertionError):
-        dec.target.prefill(history)
-        assert_state_is_fresh_prefill(dec.target, history[:-1])
-
-
-@pytest.mark.parametrize("arch", tiny_hybrid.HYBRIDS)
-def test_random_rollbacks_of_a_model_state(arch):
-    """Direct sync/forward sequences with random widths and rollback points (the
-    verify pass's pattern, a draft's one-token steps, and going back far)."""
+def random_rollbacks(arch, broken=False):
     model = PAIRS[{"qwen3_5": "qwen3_5+qwen2", "mamba2": "mamba2+qwen3_5", "lfm2": "lfm2+lfm2"}[arch]][0]
     rng = np.random.default_rng(0)
     state, history = ModelState(model), [int(x) for x in rng.integers(5, 300, 6)]
+    if broken:
+        break_rollback(state)
     for _ in range(25):
         pending = state.sync(history)
         extra = [int(x) for x in rng.integers(5, 300, rng.integers(0, 6))]
@@ -119,6 +104,20 @@ def test_random_rollbacks_of_a_model_state(arch):
         assert len(state.checkpoints.points) <= 1 + MAX_ANCHORS
     state.prefill(history)
     assert_state_is_fresh_prefill(state, history[:-1])
+
+
+@pytest.mark.parametrize("arch", tiny_hybrid.HYBRIDS)
+def test_random_rollbacks_of_a_model_state(arch):
+    """Direct sync/forward sequences with random widths and rollback points (the
+    verify pass's pattern, a draft's one-token steps, and going back far)."""
+    random_rollbacks(arch)
+
+
+@pytest.mark.parametrize("arch", tiny_hybrid.HYBRIDS)
+def test_the_control_fails_the_comparison(arch):
+    """State not restored: the recurrent arrays no longer match a fresh prefill."""
+    with pytest.raises(AssertionError):
+        random_rollbacks(arch, broken=True)
 
 
 def test_an_interrupted_draft_step_is_rolled_back():
@@ -170,3 +169,22 @@ def test_models_that_cannot_roll_back_are_refused():
     assert "\n" not in str(e.value)
     for arch in tiny_hybrid.CONFIGS:
         check_rollback(tiny_hybrid.build(arch))
+
+
+@pytest.mark.parametrize("limit", [0, 3])
+def test_refed_positions_stay_bounded_over_rejected_rounds(limit):
+    """Round after round rejected at the first draft: the re-fed run grows by one a
+    round while it rides along (up to `merge_limit`), then gets a call of its own and
+    a checkpoint after it, so it never keeps growing; states stay exact throughout."""
+    state = ModelState(PAIRS["qwen3_5+qwen2"][0])
+    state.merge_limit = limit
+    history = [5, 6, 7, 8]
+    increments = []
+    for r in range(12):
+        before = state.refed
+        pending = state.sync(history)
+        increments.append(state.refed - before)
+        assert_state_is_fresh_prefill(state, state.tokens)
+        state.forward(pending + [100 + r, 101 + r, 102 + r])
+        history = history + [200 + r]  # the first draft rejected: the target's own token
+    assert max(increments) == limit + 1 and min(increments[1:]) >= 1
