@@ -7,7 +7,9 @@ again, since its logits are needed), trim the rest, and feed what is missing.
 That covers rejected drafts, the draft model not having seen its own last
 token after a fully accepted round, generations that stop mid-round (EOS,
 max tokens, Ctrl-C) and multi-turn chat, where a new turn reuses the cached
-conversation and feeds only the new message.
+conversation and feeds only the new message.  Recurrent layers (hybrid and
+state-space models) cannot be trimmed; recurrent.py rolls them back to a
+checkpoint under the same rule.
 """
 
 from __future__ import annotations
