@@ -217,12 +217,12 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=4, help="drafts per round in part 1")
     ap.add_argument("--ks", default="2,4,6", help="draft lengths in part 2")
     ap.add_argument("--accepts", default="0.5,0.7,0.9")
-    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 5; --quick 3)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     ap.add_argument("--context", type=int, default=256, help="prompt tokens before the timed rounds")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per run in part 2 (default 64; --quick 24)")
     ap.add_argument("--out", default="hybrid_rollback.json")
     o = ap.parse_args(argv)
-    repeats = o.repeats or (3 if o.quick else 5)
+    repeats = o.repeats
     tokens = o.tokens or (24 if o.quick else 64)
     context = 32 if o.quick and o.context == 256 else o.context
     model, cfg, n_params = build("quick" if o.quick else "full")
