@@ -218,3 +218,23 @@ def test_cli_tree_and_no_tree(tmp_path):
     assert out["--tree"]["tokens"] == out["--no-tree"]["tokens"]
     assert out["--tree"]["stats"]["tree"]["rounds"] > 0
     assert out["--no-tree"]["stats"]["tree"] is None
+
+
+def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
+    """The tree budget is the chain rule generalised: with one child per node and no
+    lookup branch, every round stops where the chain's would (same passes, drafts
+    kept, stop reasons)."""
+    from mlxspec import tree_drafter
+
+    monkeypatch.setattr(tree_drafter, "MAX_BRANCH", 1)
+    for arch in ("llama", "qwen2"):
+        target, drafts = ge.models(arch)
+        for draft in drafts:
+            seen = []
+            for tree in (False, None):
+                dec = SpeculativeDecoder(target, ModelDrafter(draft), PerToken(assumed(0.3), 8), tree=tree)
+                dec.lookup = None
+                stats = GenerationStats()
+                out = [t for t, _ in dec.generate([7, 19, 200, 31, 31, 5], max_tokens=40, stats=stats)]
+                seen.append((out, stats.target_passes, stats.draft_accepted, stats.stop_reasons))
+            assert dec.trees and seen[0] == seen[1], seen
