@@ -6,7 +6,8 @@
 #   ./setup.sh        set up only
 # Set-up: Debian's OpenBLAS when running as root on Linux (optional: without it
 # everything works, ~10x slower on the CPU backend), a virtual environment in .venv,
-# and this package with its test extras.
+# and this package with its test extras (`./setup.sh test` also installs Debian's
+# chromium as root, for the browser test of `mlxspec serve`'s chat page).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -25,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "== installing mlxspec and its dependencies into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[test]" > .venv/pip-install.log 2>&1 \
+.venv/bin/python -m pip install -q -e ".[test,serve]" > .venv/pip-install.log 2>&1 \
   || { cat .venv/pip-install.log; echo "pip install failed (log: .venv/pip-install.log)"; exit 1; }
 .venv/bin/python -c "import mlxspec, mlx.core" || { echo "installation failed"; exit 1; }
 
@@ -36,6 +37,14 @@ case "${1:-}" in
       --prompt "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation."
     ;;
   test)
+    # the chat page of `mlxspec serve` is tested in a real headless browser (skipped without one)
+    if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null \
+       && ! command -v chromium >/dev/null; then
+      echo "== installing chromium (for the chat page's browser test)"
+      (apt-get install -y -q chromium >/dev/null 2>&1 \
+       || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
+       || echo "   could not install chromium; the browser test will be skipped"
+    fi
     .venv/bin/mlxspec pull smollm2-135m
     shift || true
     .venv/bin/python -m pytest -q "$@"

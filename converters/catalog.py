@@ -47,6 +47,27 @@ MODELS.update({
     "HuggingFaceTB/SmolLM2-360M-Instruct": (361_821_120, _cfg("llama", 960, 2560, 32, 15, 5, 49152, True)),
     "HuggingFaceTB/SmolLM2-1.7B-Instruct": (1_711_376_384, _cfg("llama", 2048, 8192, 24, 32, 32, 49152, True)),
 })
+
+
+def _qwen35(hidden, ffn, layers, heads, kv, linear_v_heads, tied):
+    """A Qwen3.5 dense text model (gated delta-net + gated attention every 4th layer;
+    mlx_lm.models.qwen3_5 keeps the language model and drops the vision tower)."""
+    cfg = {**_cfg("qwen3_5_text", hidden, ffn, layers, heads, kv, 248320, tied, 256), "full_attention_interval": 4,
+           "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_num_value_heads": linear_v_heads,
+           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    return memory.param_count(memory.estimate_from_config(cfg)), cfg
+
+
+# Qwen3.5 text configs as published with the models (config.json text_config); their
+# parameters are counted from that config, language model only (the released
+# safetensors also hold the vision encoder, which mlxspec does not load).
+MODELS.update({
+    "Qwen/Qwen3.5-0.8B": _qwen35(1024, 3584, 24, 8, 2, 16, True),
+    "Qwen/Qwen3.5-2B": _qwen35(2048, 6144, 24, 8, 2, 16, True),
+    "Qwen/Qwen3.5-4B": _qwen35(2560, 9216, 32, 16, 4, 32, True),
+    "Qwen/Qwen3.5-9B": _qwen35(4096, 12288, 32, 16, 4, 32, False),
+    "Qwen/Qwen3.5-27B": _qwen35(5120, 17408, 64, 24, 4, 48, False),
+})
 GATED = ("meta-llama/",)
 
 PAIRS = [
@@ -58,6 +79,8 @@ PAIRS = [
     ("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"),
     ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
     ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"),
+    # hybrid (gated delta-net) targets: rollback through state checkpoints (mlxspec/recurrent.py)
+    *[(f"Qwen/Qwen3.5-{s}", "Qwen/Qwen3.5-0.8B") for s in ("4B", "9B", "27B")],
 ]
 
 

@@ -172,8 +172,11 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
         if cost is None:
             cost = (cost_model.for_decoder(pair, drafter) if pair is not None
                     else cost_model.assumed(drafter.relative_cost))
+        from .recurrent import has_recurrent
+
         return PerToken(cost, cap, lookup=getattr(drafter, "proposes_lookup", False),
-                        model=getattr(drafter, "uses_draft_model", False))
+                        model=getattr(drafter, "uses_draft_model", False),
+                        refeed=pair is not None and has_recurrent(pair.target))
     return FixedK(int(num_draft))
 
 

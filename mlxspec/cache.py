@@ -7,28 +7,30 @@ again, since its logits are needed), trim the rest, and feed what is missing.
 That covers rejected drafts, the draft model not having seen its own last
 token after a fully accepted round, generations that stop mid-round (EOS,
 max tokens, Ctrl-C) and multi-turn chat, where a new turn reuses the cached
-conversation and feeds only the new message.
+conversation and feeds only the new message.  Recurrent layers (hybrid and
+state-space models) cannot be trimmed; recurrent.py rolls them back to a
+checkpoint under the same rule.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from . import progress
 from .errors import MlxspecError
+from .recurrent import Checkpoints, cached_positions, roll_back, rollback_problem, split_point, state_arrays
 
 PREFILL_STEP = 512
+MERGE_LIMIT = 4  # without a cost model (cost_model.merge_limit)
 
 
-def check_trimmable(model, name="model"):
-    cache = make_prompt_cache(model)
-    if not can_trim_prompt_cache(cache):
-        kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
-        raise MlxspecError(
-            f"{name} uses a KV cache that cannot be rolled back ({', '.join(kinds)}): "
-            "speculative decoding needs attention-only models (no SSM/hybrid layers); use --no-draft"
-        )
+def check_rollback(model, name="model"):
+    """Refuse, in one line, a model whose cache cannot be rolled back exactly."""
+    problem = rollback_problem(make_prompt_cache(model))
+    if problem:
+        raise MlxspecError(f"{name} cannot be rolled back exactly after a rejected draft: {problem}; "
+                           "mlxspec supports attention layers (KV caches) and recurrent layers (array states)")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -48,43 +50,50 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class ModelState:
     def __init__(self, model):
         self.model = model
-        self.cache = make_prompt_cache(model)
-        self.tokens: list[int] = []
         self.positions = 0  # forward positions computed, for tests and stats
+        self.refed = 0  # of which fed again after a recurrent rollback (recurrent.py)
+        self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
+        self.reset()
 
     def sync(self, history: list[int]) -> list[int]:
         """Roll the cache back to the longest usable prefix of `history`; return
-        the tokens still to feed (at least one)."""
+        the tokens still to feed (at least one).  Recurrent layers go back to
+        their newest checkpoint at or before that prefix, so what they lack is
+        fed again with the rest (recurrent.py)."""
         if not history:
             raise ValueError("empty token history")
-        self._reconcile()
         keep = min(common_prefix(self.tokens, history), len(history) - 1)
-        if keep < len(self.tokens):
-            trim_prompt_cache(self.cache, len(self.tokens) - keep)
-            del self.tokens[keep:]
+        # the cache may hold positions the token list does not name: an exception
+        # between a forward and its bookkeeping (Ctrl-C inside a draft step)
+        if keep < max(len(self.tokens), self.fed, cached_positions(self.cache)):
+            pos = roll_back(self.cache, self.checkpoints, keep)
+            self.refed += keep - pos
+            del self.tokens[pos:]
+            self.fed = keep = pos
+        elif self.checkpoints:
+            self.checkpoints.prune()
+        self.known = len(history)
         return history[keep:]
-
-    def _reconcile(self):
-        """An exception between a forward and its bookkeeping (Ctrl-C inside a draft
-        step) can leave the cache holding positions the token list does not name:
-        drop them, so trimming stays exact."""
-        offset = getattr(self.cache[0], "offset", None) if self.cache else None
-        if offset is None or offset == len(self.tokens):
-            return
-        if offset > len(self.tokens):
-            trim_prompt_cache(self.cache, offset - len(self.tokens))
-        else:
-            self.reset()
 
     def forward(self, tokens) -> mx.array:
         """Logits (T, V) for `tokens`, appended to the cache.  A list of ids is
         recorded in `self.tokens`; a lazy mx.array (a draft model feeding its own
-        samples) is not -- its caller records the ids once they are evaluated."""
-        lazy = isinstance(tokens, mx.array)
-        x = tokens if lazy else mx.array(tokens, dtype=mx.uint32)
+        samples) is not -- its caller records the ids once they are evaluated.
+        Re-fed history beyond `merge_limit` gets a call of its own (still one
+        lazy graph), so that a checkpoint follows it (recurrent.split_point)."""
+        if isinstance(tokens, mx.array):
+            return self._call(tokens)
+        cut = split_point(len(tokens), self.known - self.fed, self.merge_limit) if self.checkpoints else 0
+        x = mx.array(tokens, dtype=mx.uint32)
+        logits = mx.concatenate([self._call(x[:cut]), self._call(x[cut:])]) if cut else self._call(x)
+        self.tokens.extend(tokens)
+        return logits
+
+    def _call(self, x: mx.array) -> mx.array:
+        self.fed += x.size  # first: an interrupted call still counts as fed, and is rolled back
         logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
-        if not lazy:
-            self.tokens.extend(tokens)
+        if self.checkpoints:
+            self.checkpoints.record(self.fed)
         self.positions += x.size
         return logits
 
@@ -92,15 +101,20 @@ class ModelState:
         """Feed all but the last token of what the cache lacks, in chunks (checking
         `should_stop` between chunks, so a long prompt can be cancelled)."""
         pending = self.sync(history)
+        mark = self.checkpoints.mark()
         with progress.prefill(len(pending) - 1) as report:  # a bar on a terminal (progress.py)
             while len(pending) > 1 and not (should_stop is not None and should_stop()):
                 chunk = pending[: min(PREFILL_STEP, len(pending) - 1)]
                 self.forward(chunk)
-                mx.eval([c.state for c in self.cache])
+                mx.eval(state_arrays(self.cache))
+                self.checkpoints.thin(mark)
                 pending = pending[len(chunk):]
                 report(len(chunk))
         return pending
 
     def reset(self):
         self.cache = make_prompt_cache(self.model)
-        self.tokens = []
+        self.tokens: list[int] = []
+        self.fed = 0  # positions the cache holds; more than len(tokens) only mid-step
+        self.known = 0  # the last synced history's length: positions below it are settled
+        self.checkpoints = Checkpoints(self.cache)

@@ -37,6 +37,7 @@ COMMANDS = {
     "pairs": ("mlxspec.converters.cli:pairs", "List known-good draft/target pairs and whether they fit."),
     "bench": ("mlxspec.bench:bench", "Benchmark speculative decoding against plain decoding and mlx-lm."),
     "calibrate": ("mlxspec.cost_model:calibrate_command", "Measure this machine's draft and verify costs for a pair."),
+    "serve": ("mlxspec.server:serve", "An OpenAI-compatible local server (chat page at /)."),
 }
 
 

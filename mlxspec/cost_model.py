@@ -63,6 +63,33 @@ class CostModel:
         return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}} ({self.source})"
 
 
+MERGE_MAX_EXTRA = 0.5  # re-fed positions ride along in a verify pass while they add at most half a plain step
+
+
+def merge_limit(cm: CostModel) -> int:
+    """How many re-fed positions (recurrent.py) may ride along in a verify pass before
+    they get a call of their own: while they add at most MERGE_MAX_EXTRA."""
+    return max((r for r in range(17) if cm.verify_width(1 + r) - 1 <= MERGE_MAX_EXTRA), default=0)
+
+
+def refeed_cost(cm: CostModel, n: int) -> float:
+    """What re-feeding n positions after a rejection costs a recurrent target."""
+    return cm.verify_width(1 + n) - 1 if n <= merge_limit(cm) else cm.verify_width(n)
+
+
+def predicted_speedup(cm: CostModel, acceptance: float, k: int, refeed: bool = False) -> float:
+    """Speed-up over plain decoding of rounds of k drafts, each kept with probability
+    `acceptance` (independently), per this cost model.  `refeed`: a recurrent target
+    feeds a partly rejected round's kept positions again (recurrent.py): j + 1
+    positions after j kept and one rejected."""
+    a = acceptance
+    tokens = sum(a ** i for i in range(k + 1))
+    time = k * cm.draft_step + cm.verify_width(k + 1)
+    if refeed:
+        time += sum(a ** j * (1 - a) * refeed_cost(cm, j + 1) for j in range(k))
+    return tokens / time
+
+
 def assumed(relative_cost: float, slope: float = ASSUMED_VERIFY_SLOPE, width: int = 17) -> CostModel:
     """A cost model from a guess: the drafter's own estimate of its relative cost."""
     return CostModel(round(relative_cost, 2), [round(1 + slope * (w - 1), 2) for w in range(1, width + 1)])

@@ -27,6 +27,12 @@ buckets, starting from a = confidence); for `more` the token is not drafted yet,
 so cost = c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately.
 No other knobs: the threshold follows from the pair's costs.
 
+A target with recurrent layers (hybrid / state-space models, recurrent.py) pays
+more for a rejection: its accepted positions are fed again in the next pass.
+Drafting token i + 1 when i are kept risks that with probability P_i * (1 - a),
+for i + 1 re-fed positions, so with `refeed` that expected cost
+P_i * (1 - a) * R(i + 1) is added to the token's cost (R: cost_model.refeed_cost).
+
 Fallback: if even the first draft of a round is not worth its cost (a < c + V(2) - 1,
 i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
 an optimistic a, the upper end of its 80 % confidence interval, so that a few
@@ -67,6 +73,7 @@ class Round:
             return True
         a = pol.mean_acceptance(lookup, optimistic=self.kept == 0)  # the go/no-go bet: see fallback
         cost = (pol.cost.draft_step if step_cost is None else step_cost) + pol.cost.extra(self.kept + 2)
+        cost += self.refeed_risk(a)
         if self.p * a * self.t >= cost * self.e:
             return True
         self.stop_reason = "cost"
@@ -80,7 +87,7 @@ class Round:
         if pol is not None:
             self.t += pol.cost.draft_step if step_cost is None else step_cost  # paid either way
             a = pol.acceptance(confidence)
-            cost = pol.cost.extra(self.kept + 2)
+            cost = pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
             if not (pol.forced and self.kept == 0) and self.p * a * self.t < cost * self.e:
                 self.stop_reason = "confidence"
                 return False
@@ -89,6 +96,16 @@ class Round:
             self.t += cost
         self.kept += 1
         return True
+
+    def refeed_risk(self, a: float) -> float:
+        """Expected cost of the positions a rejection of the next token makes a
+        recurrent target feed again (0 for attention-only targets)."""
+        pol = self.policy
+        if not getattr(pol, "refeed", False):
+            return 0.0
+        from .cost_model import refeed_cost
+
+        return self.p * (1 - a) * refeed_cost(pol.cost, self.kept + 1)
 
 
 class FixedK:
@@ -111,10 +128,12 @@ class FixedK:
 class PerToken:
     name = "auto"
 
-    def __init__(self, cost, max_k: int = DEFAULT_MAX_K, lookup: bool = False, model: bool = True):
+    def __init__(self, cost, max_k: int = DEFAULT_MAX_K, lookup: bool = False, model: bool = True,
+                 refeed: bool = False):
+        """`refeed`: the target has recurrent layers (a rejection re-feeds positions)."""
         if max_k < 1:
             raise ValueError(f"num_draft_max must be >= 1, got {max_k}")
-        self.cost, self.max_k = cost, max_k
+        self.cost, self.max_k, self.refeed = cost, max_k, refeed
         self.sources = ([(0.0, True)] if lookup else []) + ([(None, False)] if model else [])  # (step cost, lookup)
         self.k = max_k  # the cap, as FixedK.k
         # acceptance by confidence bucket (last one: deterministic proposals), with priors

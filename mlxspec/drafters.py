@@ -238,7 +238,7 @@ class _SkippedLayer:
         return getattr(self.__dict__["_layer"], name)
 
     def __call__(self, h, mask=None, cache=None, *args, **kwargs):
-        if cache is not None:
+        if cache is not None and hasattr(cache, "update_and_fetch"):  # a recurrent state just stays as it is
             B, T = h.shape[:2]
             dummy = mx.zeros((B, 1, T, 1), dtype=h.dtype)
             cache.update_and_fetch(dummy, dummy)
@@ -309,7 +309,7 @@ class LayerSkipDrafter(ModelDrafter):
     name = "layer-skip"
 
     def __init__(self, target_model, keep=None, layout: str = "middle", p_min: float = 0.0):
-        n = len(target_model.model.layers)
+        n = len(getattr(getattr(target_model, "model", None), "layers", None) or [None])
         super().__init__(LayerSkipModel(target_model, keep if keep is not None else skip_layout(n, layout)), p_min)
         self.name = f"layer-skip({len(self.state.model.keep)}/{n} layers)"
         self.relative_cost = len(self.state.model.keep) / n

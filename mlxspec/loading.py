@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend import compute_dtype
-from .cache import check_trimmable
+from .cache import check_rollback
 from .compat import Compatibility, require_compatible
 from .errors import MlxspecError
 from .memory import read_config
@@ -267,7 +267,7 @@ def load_model_dir(path: Path, name: str = "model"):
     config = strip_code_refs(config)
     tokenizer = load_tokenizer(path, config.get("eos_token_id"), f"the {name} tokenizer in {path}")
     _no_length_warning(tokenizer)
-    check_trimmable(model, name)
+    check_rollback(model, name)
     return model, tokenizer, config
 
 

@@ -10,8 +10,11 @@ The estimate counts, for target and draft:
   * weights after the chosen quantisation (mlx-lm's rule: every 2-D tensor whose
     last dimension is a multiple of the group size is quantised; the rest stays
     float), at the compute dtype (float32 on the CPU backend);
-  * the KV cache at the requested context: layers x kv_heads x head_dim x 2 (K and
-    V) x context x bytes;
+  * the KV cache at the requested context: attention layers x kv_heads x head_dim
+    x 2 (K and V) x context x bytes;
+  * for hybrid and state-space models (Qwen3.5/Qwen3-Next, LFM2, Mamba), the
+    recurrent layers' state, which does not grow with the context, times the
+    checkpoints kept for rollback (recurrent.py);
 and for the target alone the working buffers of one prefill chunk (the logits
 row per token dominates for large vocabularies).
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import MlxspecError
+from .state_memory import DELTA_NET_TYPES, STATE_COPIES, delta_net_tensors, recurrent_layers, recurrent_state_bytes
 from .untrusted import printable
 
 GiB = 1 << 30
@@ -234,9 +238,12 @@ def kv_heads(config: dict) -> int:
 
 
 def kv_cache_bytes(config: dict, context: int, dtype_bytes: int) -> int:
-    """Full-attention KV cache: layers x kv_heads x head_dim x 2 (K, V) x context x bytes."""
+    """Full-attention KV cache: attention layers x kv_heads x head_dim x 2 (K, V) x context x bytes."""
     c = text_config(config)
-    return int(c["num_hidden_layers"]) * kv_heads(c) * head_dim(c) * 2 * int(context) * int(dtype_bytes)
+    layers = int(c["num_hidden_layers"]) - recurrent_layers(c)
+    if not layers:
+        return 0
+    return layers * kv_heads(c) * head_dim(c) * 2 * int(context) * int(dtype_bytes)
 
 
 def activation_bytes(config: dict, chunk: int = PREFILL_CHUNK, dtype_bytes: int = 4) -> int:
@@ -250,6 +257,8 @@ def estimate_from_config(config: dict, dtype: str = "BF16") -> list:
     """Synthetic (dtype, shape) tensors of a standard decoder (Llama/Qwen/Mistral
     family), for when no safetensors header is available."""
     c = text_config(config)
+    if c.get("model_type") in DELTA_NET_TYPES:
+        return delta_net_tensors(c, dtype)
     h, v, layers = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
     ffn = int(c.get("intermediate_size", 4 * h))
     hd, nq, nkv = head_dim(c), int(c["num_attention_heads"]), kv_heads(c)
@@ -356,6 +365,11 @@ def pair_budget(target_config: dict, draft_config: dict | None, target_tensors, 
     for label, cfg, tensors in models:
         kvb = float_bytes or source_float_bytes(tensors)
         rows.append((f"{label} KV cache ({context} tokens, {8 * kvb}-bit)", kv_cache_bytes(cfg, context, kvb)))
+        state = recurrent_state_bytes(cfg, 4)  # the delta-net / SSM states are kept in float32
+        if state:
+            copies = STATE_COPIES.get(label, STATE_COPIES["target"])
+            rows.append((f"{label} recurrent state ({recurrent_layers(cfg)} layers x {copies} snapshots, "
+                         "any context)", state * copies))
     ab = float_bytes or source_float_bytes(models[0][2])
     rows.append((f"{labels[0]} prefill buffers ({PREFILL_CHUNK}-token chunk)", activation_bytes(target_config, PREFILL_CHUNK, ab)))
     return Budget(rows, usable, usable_source, context, details)

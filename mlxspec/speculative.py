@@ -59,9 +59,14 @@ class SpeculativeDecoder:
         if policy is None:
             policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
         self.policy = policy
+        if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
+            from .cost_model import merge_limit
+
+            self.target.merge_limit = merge_limit(policy.cost)
         self.context_length = context_length
         self.tree_note = tree_unsupported(target_model, self.drafter, policy) if tree is not False else None
         self.trees = tree is not False and self.tree_note is None  # None (auto) or True: trees where they work
+        self.tree_asked = tree is True
         self.lookup = PromptLookupDrafter() if self.trees else None  # its continuations join the trees
 
     def reset(self):
@@ -114,6 +119,8 @@ class SpeculativeDecoder:
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
+        if self.tree_note and (self.tree_asked or "model type" in self.tree_note):
+            stats.notes.append(f"verifying chains: {self.tree_note}")
         eos = set(eos_token_ids)
         limit = self.context_length
         check_context(history, limit)
@@ -128,7 +135,7 @@ class SpeculativeDecoder:
         stats.prompt_tokens_processed = self.target.positions - before + 1
         stats.prompt_time = time.perf_counter() - t0
 
-        produced = 0
+        produced, refed = 0, self.target.refed
         t_start = time.perf_counter()
         try:
             while produced < max_tokens:
@@ -187,3 +194,4 @@ class SpeculativeDecoder:
             stats.generation_time = time.perf_counter() - t_start
             if history:
                 self.target.sync(history)
+            stats.refed_positions = self.target.refed - refed

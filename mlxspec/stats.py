@@ -27,6 +27,7 @@ class GenerationStats:
     draft_proposed: int = 0
     draft_accepted: int = 0
     target_passes: int = 0
+    refed_positions: int = 0  # accepted positions the target fed again after a recurrent rollback (recurrent.py)
     proposed_by_position: list = field(default_factory=list)
     accepted_by_position: list = field(default_factory=list)
     tokens_speculative: int = 0  # tokens produced in rounds that drafted (k > 0)
@@ -134,6 +135,8 @@ class GenerationStats:
                 f"acceptance {100 * self.acceptance_rate:.1f}% ({self.draft_accepted}/{self.draft_proposed})"
             )
             parts.append(f"{self.tokens_per_pass:.2f} tokens/pass")
+            if self.refed_positions:
+                parts.append(f"{self.refed_positions} positions re-fed (recurrent rollback)")
             if self.stop_reasons:
                 why = " ".join(f"{r} {n}" for r, n in sorted(self.stop_reasons.items(), key=lambda x: -x[1]))
                 parts.append(f"drafted {self.mean_drafted:.1f}/round (stops: {why})")

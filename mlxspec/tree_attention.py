@@ -75,7 +75,9 @@ class TreeBlock:
     forwards (a draft expanding its tree level by level)."""
 
     def __init__(self, state: ModelState):
-        state._reconcile()  # positions the token list does not name (an abandoned block) go first
+        """`state` right after its `sync`: its cache holds exactly its tokens."""
+        if state.fed != len(state.tokens):
+            raise ValueError("a tree block starts right after sync(): the cache holds unnamed positions")
         self.state = state
         self.base = len(state.tokens)  # committed positions
         self.tokens: list[int] = []
@@ -109,6 +111,7 @@ class TreeBlock:
         attns = [layer.self_attn for layer in _layers(state.model)]
         ropes = [a.rope for a in attns]
         first_cache = state.cache[0]
+        state.fed += x.size  # first: an interrupted call is rolled back by the next sync
         try:
             for a, r in zip(attns, ropes):
                 a.rope = _PositionedRope(r, positions)
@@ -136,5 +139,6 @@ class TreeBlock:
         for c in self.state.cache:
             c.offset = base + n
         self.state.tokens.extend(self.tokens[j] for j in path)
+        self.state.fed = base + n
         self.tokens, self.parents, self.depth, self.ancestors = [], [], [], []
         self.base += n

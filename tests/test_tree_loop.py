@@ -182,6 +182,21 @@ def test_no_tree_and_unsupported_drafters_verify_chains():
     assert not dec.trees and "--num-draft auto" in dec.tree_note
 
 
+def test_a_model_without_tree_support_says_so_and_verifies_chains():
+    import tiny_models
+
+    cfg = tiny_models.config_for("llama")
+    target = tiny_models.build(cfg, seed=11, scale=3.0)
+    target.model_type = "exotic"  # as a model class tree attention was never checked for
+    draft = tiny_models.perturbed(target, cfg, noise=0.03, seed=5)
+    dec = SpeculativeDecoder(target, ModelDrafter(draft), wide())
+    stats = GenerationStats()
+    got = [t for t, _ in dec.generate([7, 8, 9], max_tokens=12, stats=stats)]
+    assert not dec.trees and stats.tree_rounds == 0 and stats.draft_proposed > 0
+    assert any("verifying chains" in n and "'exotic'" in n for n in stats.notes), stats.notes
+    assert got == ge.plain(target, [7, 8, 9])[:12]
+
+
 @pytest.mark.real
 def test_cli_tree_and_no_tree(tmp_path):
     """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
@@ -203,3 +218,23 @@ def test_cli_tree_and_no_tree(tmp_path):
     assert out["--tree"]["tokens"] == out["--no-tree"]["tokens"]
     assert out["--tree"]["stats"]["tree"]["rounds"] > 0
     assert out["--no-tree"]["stats"]["tree"] is None
+
+
+def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
+    """The tree budget is the chain rule generalised: with one child per node and no
+    lookup branch, every round stops where the chain's would (same passes, drafts
+    kept, stop reasons)."""
+    from mlxspec import tree_drafter
+
+    monkeypatch.setattr(tree_drafter, "MAX_BRANCH", 1)
+    for arch in ("llama", "qwen2"):
+        target, drafts = ge.models(arch)
+        for draft in drafts:
+            seen = []
+            for tree in (False, None):
+                dec = SpeculativeDecoder(target, ModelDrafter(draft), PerToken(assumed(0.3), 8), tree=tree)
+                dec.lookup = None
+                stats = GenerationStats()
+                out = [t for t, _ in dec.generate([7, 19, 200, 31, 31, 5], max_tokens=40, stats=stats)]
+                seen.append((out, stats.target_passes, stats.draft_accepted, stats.stop_reasons))
+            assert dec.trees and seen[0] == seen[1], seen

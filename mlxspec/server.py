@@ -1,0 +1,352 @@
+"""`mlxspec serve`: an OpenAI-compatible HTTP server on the standard library.
+
+    mlxspec serve --model smollm2-135m --draft smollm2-135m --port 8080
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not),
+GET /v1/models, GET /health, and a chat page at /.  HTTP threads parse and check
+a request and tokenize its prompt (every malformed request is a JSON error
+before it takes a queue place: server_requests.py), then hand it to the engine,
+which runs one generation at a time in the main thread (server_engine.py), and
+write what it produces as JSON or as server-sent events (server_stream.py).
+While waiting, a handler watches its socket: a client that hangs up cancels its
+generation before the next draft/verify round.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from urllib.parse import urlsplit
+
+import click
+
+from .errors import MlxspecError
+from .options import draft_options, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
+from .server_engine import Engine, Job, QueueFull
+from .server_requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
+from .server_stream import SSE_DONE, Shapes, openai_finish, sse
+from .untrusted import printable
+
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+REQUEST_TIMEOUT = 30  # seconds a client may take to send its request
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+          "/chat/completions": "chat", "/completions": "completion"}
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    # set by `serve`: engine, pair, model_id, model_ids, api_key, defaults, max_tokens, max_body, page, verbose
+    tokenizer_lock = threading.Lock()
+
+    def handle_error(self, request, client_address):
+        """One line on stderr instead of socketserver's traceback; a client that hung up is not an error."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return
+        sys.stderr.write(f"mlxspec serve: a request from {client_address[0]} failed: {type(exc).__name__}: "
+                         f"{printable(str(exc), 200)}\n")
+
+
+class Server6(Server):
+    address_family = socket.AF_INET6
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "mlxspec"
+    timeout = REQUEST_TIMEOUT
+    _streaming = False  # headers of an event stream sent: an error can no longer be a JSON response
+
+    def log_message(self, format, *args):
+        if self.server.verbose:
+            sys.stderr.write(printable(f"{self.address_string()} {format % args}", 300) + "\n")
+
+    # -- responses ------------------------------------------------------------
+    def _send(self, status: int, body: bytes, ctype: str, close: bool = False):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj, close: bool = False):
+        self._send(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json", close)
+
+    def _error(self, e: RequestError):
+        self._json(e.status, e.body(), close=True)
+
+    def send_error(self, code, message=None, explain=None):
+        """The base class's own errors (a bad request line, an unknown method) as JSON too."""
+        if code == 501:  # a method this server has no handler for
+            code, message = 405, f"method {printable(str(self.command), 20)} is not allowed here"
+        try:
+            self._error(RequestError(message or self.responses.get(code, ("error",))[0], status=code,
+                                     code=str(code)))
+        except OSError:
+            self.close_connection = True
+
+    # -- plumbing ---------------------------------------------------------------
+    def _authorized(self) -> bool:
+        key = self.server.api_key
+        if key is None:
+            return True
+        given = self.headers.get("Authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        return hmac.compare_digest(token.encode("utf-8", "replace"), key.encode("utf-8"))
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            raise RequestError("send the body with a Content-Length (chunked uploads are not supported)",
+                               status=411, code="length_required")
+        n = self.headers.get("Content-Length")
+        if n is None:
+            raise RequestError("a Content-Length header is required", status=411, code="length_required")
+        try:
+            n = int(n)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            raise RequestError("the Content-Length header is not a number", code="invalid_header")
+        if n > self.server.max_body:
+            raise RequestError(f"the request body is {n} bytes; this server takes at most {self.server.max_body} "
+                               "(--max-request-bytes)", status=413, code="request_too_large")
+        try:
+            body = self.rfile.read(n)
+        except (socket.timeout, TimeoutError):
+            raise RequestError(f"the request body did not arrive within {REQUEST_TIMEOUT} s", status=408,
+                               code="request_timeout")
+        if len(body) < n:
+            raise RequestError("the request body is shorter than its Content-Length", code="incomplete_body")
+        return body
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _events(self, job: Job):
+        """The job's events; cancels the job and stops when the client hangs up."""
+        while True:
+            try:
+                ev = job.events.get(timeout=0.05)
+            except queue.Empty:
+                if self._client_gone():
+                    job.cancel()
+                    self.close_connection = True
+                    return
+                continue
+            yield ev
+            if ev[0] in ("done", "error"):
+                return
+
+    # -- routes -------------------------------------------------------------------
+    def do_GET(self):
+        path = urlsplit(self.path).path
+        if path == "/health":
+            self._json(200, {"status": "ok", "model": self.server.model_id, **self.server.engine.health()})
+        elif path in ("/", "/index.html"):
+            self._send(200, self.server.page, "text/html; charset=utf-8")
+        elif path in ("/v1/models", "/models"):
+            if not self._authorized():
+                return self._error(unauthorized())
+            self._json(200, {"object": "list", "data": [
+                {"id": self.server.model_id, "object": "model", "created": 0, "owned_by": "mlxspec"}]})
+        else:
+            self._error(RequestError(f"no such endpoint: GET {printable(path, 100)}", status=404, code="not_found"))
+
+    def do_POST(self):
+        try:
+            self._post()
+        except OSError:  # the client hung up
+            self.close_connection = True
+        except Exception as e:  # a bug: a one-line 500, never a traceback or a silent hang-up
+            sys.stderr.write(f"mlxspec serve: internal error: {type(e).__name__}: {printable(str(e), 200)}\n")
+            self.close_connection = True
+            if not self._streaming:
+                self._error(RequestError(f"internal error ({type(e).__name__})", status=500,
+                                         code="internal_error", kind="server_error"))
+
+    def _post(self):
+        path = urlsplit(self.path).path
+        try:
+            kind = ROUTES.get(path)
+            if kind is None:
+                raise RequestError(f"no such endpoint: POST {printable(path, 100)}", status=404, code="not_found")
+            if not self._authorized():
+                raise unauthorized()
+            req = parse_request(kind, parse_json(self._body()))
+            s = self.server
+            if req.model is not None and req.model not in s.model_ids:
+                raise RequestError(f"model {printable(repr(req.model), 100)} is not served here; this server has "
+                                   f"{s.model_id!r} (GET /v1/models)", param="model", status=404,
+                                   code="model_not_found")
+            params = sampling_params(s.defaults, req)
+            with s.tokenizer_lock:
+                history = encode(s.pair, req)
+            max_tokens = fit_context(len(history), req.max_tokens, s.max_tokens, s.pair.context_length)
+            try:
+                s.engine.decoder.check_tokens(history)
+            except MlxspecError as e:
+                raise RequestError(str(e), param="prompt", code="invalid_prompt")
+            job = Job(history, params, max_tokens, req.stop, req.num_draft)
+            try:
+                s.engine.submit(job)
+            except QueueFull as e:
+                raise RequestError(str(e), status=429, code="queue_full", kind="rate_limit_error")
+        except RequestError as e:
+            return self._error(e)
+        shapes = Shapes(kind, req.model or self.server.model_id)
+        try:
+            if req.stream:
+                self._stream(job, shapes, req.include_usage)
+            else:
+                self._complete(job, shapes)
+        except BaseException:  # the client hung up while we wrote (OSError), or a bug: stop generating for it
+            job.cancel()
+            raise
+
+    def _complete(self, job: Job, shapes: Shapes):
+        pieces = []
+        for ev in self._events(job):
+            if ev[0] == "text":
+                pieces.append(ev[1])
+            elif ev[0] == "done":
+                _, stats, finish, num_draft = ev
+                self._json(200, shapes.full("".join(pieces), openai_finish(finish), stats, num_draft))
+            else:
+                self._error(RequestError(ev[1], status=500, code="generation_failed", kind="server_error"))
+
+    def _stream(self, job: Job, shapes: Shapes, include_usage: bool):
+        self._streaming = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        write = self.wfile.write
+        if shapes.kind == "chat":
+            write(sse(shapes.chunk(None, role=True)))
+        for ev in self._events(job):
+            if ev[0] == "text":
+                write(sse(shapes.chunk(ev[1], from_draft=ev[2])))
+            elif ev[0] == "done":
+                _, stats, finish, num_draft = ev
+                write(sse(shapes.chunk(None, finish=openai_finish(finish))))
+                if include_usage:
+                    write(sse(shapes.usage_chunk(stats, num_draft)))
+                write(SSE_DONE)
+            else:
+                write(sse(RequestError(ev[1], status=500, code="generation_failed", kind="server_error").body()))
+                write(SSE_DONE)
+
+
+def unauthorized() -> RequestError:
+    return RequestError("a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                        status=401, code="invalid_api_key", kind="authentication_error")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def chat_page() -> bytes:
+    return resources.files("mlxspec").joinpath("static", "chat.html").read_bytes()
+
+
+@click.command()
+@click.argument("pair_arg", metavar="[PAIR]", required=False)
+@model_options
+@click.option("--draft-model", "draft_model", default=None, help="Same as --draft (mlx_lm.server's spelling).")
+@draft_options
+@click.option("--num-draft-tokens", "num_draft_tokens", type=typed("num_draft"), default=None,
+              help="Same as --num-draft (mlx_lm.server's spelling).")
+@sampling_options
+@max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port.")
+@click.option("--api-key", default=None, envvar="MLXSPEC_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1 (also $MLXSPEC_API_KEY).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without --api-key.")
+@click.option("--max-queue", type=click.IntRange(1, 4096), default=8, show_default=True,
+              help="Requests that may wait for the device; beyond it: HTTP 429.")
+@click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True,
+              help="Largest request body; beyond it: HTTP 413.")
+@click.option("--verbose", is_flag=True, help="Log every request to stderr.")
+def serve(pair_arg, model, draft, draft_model, no_draft, num_draft, num_draft_tokens, num_draft_max, drafter,
+          draft_p_min, draft_vocab, tree, max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes,
+          verbose, **opts):
+    """An OpenAI-compatible local server with speculative decoding."""
+    from .api import make_decoder
+    from .loading import load, model_name
+    from .sampling import SamplingParams
+
+    if pair_arg and model:
+        raise click.UsageError("give a PAIR or --model, not both")
+    if draft and draft_model:
+        raise click.UsageError("give --draft or --draft-model, not both")
+    if num_draft is not None and num_draft_tokens is not None:
+        raise click.UsageError("give --num-draft or --num-draft-tokens, not both")
+    draft = draft or draft_model
+    num_draft = num_draft if num_draft is not None else num_draft_tokens
+    if not is_loopback(host) and not api_key and not insecure:
+        raise MlxspecError(f"refusing to listen on {printable(host, 100)} without --api-key: anyone who can reach "
+                           "this machine could use it; pass --api-key KEY (or --insecure to allow it anyway)")
+    defaults = SamplingParams(**sampling_kwargs(opts))  # each value already checked by options.py
+    try:
+        cls = Server6 if ":" in host else Server
+        httpd = cls((host.strip("[]"), port), Handler)
+    except OSError as e:
+        raise MlxspecError(f"cannot listen on {printable(host, 100)}:{port}: {e.strerror or e}")
+    thread = None
+    try:
+        spec = pair_arg or model
+        needs_draft = drafter in (None, "model", "hybrid") or draft is not None
+        pair = load(spec, draft, no_draft=no_draft or not needs_draft)
+        decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
+                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
+        name = model_name(pair.target_path, pair.target_config)
+        httpd.engine = Engine(pair, decoder, num_draft, max_queue)
+        httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens
+        httpd.model_id = str(spec) if spec else name
+        httpd.model_ids = {httpd.model_id, name}
+        httpd.api_key, httpd.max_body, httpd.verbose = api_key, max_request_bytes, verbose
+        httpd.page = chat_page()
+        thread = threading.Thread(target=httpd.serve_forever, name="mlxspec-http", daemon=True)
+        thread.start()
+        signal.signal(signal.SIGTERM, _interrupt)
+        bound_host, bound_port = httpd.server_address[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        click.echo(f"[{pair.describe()}]", err=True)
+        click.echo(f"mlxspec serve: listening on http://{shown}:{bound_port}/ (chat page at /, OpenAI API at /v1)",
+                   nl=True)
+        sys.stdout.flush()
+        httpd.engine.run_forever()
+    finally:
+        if thread is not None:
+            httpd.shutdown()
+        httpd.server_close()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,45 @@
+"""Stop strings of `mlxspec serve` (server_stream.StopMatcher): the text sent is the
+reply up to the earliest stop string, however the reply is cut into pieces, and
+nothing that could still become a stop string is sent early."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxspec.server_stream import StopMatcher
+
+
+def run(pieces, stops):
+    m = StopMatcher(stops)
+    out = []
+    for i, p in enumerate(pieces):
+        out += m.feed(p, i % 2 == 0)
+    return out, m.flush(), m.stopped
+
+
+def test_stop_string_across_pieces():
+    out, rest, stopped = run(["Hel", "lo W", "orld"], ["lo W"])
+    assert out == [("He", True), ("l", True)] and rest == [] and stopped  # "l" waited: it might start "lo W"
+
+
+def test_a_possible_stop_is_held_back_then_released():
+    m = StopMatcher(["bc"])
+    assert m.feed("ab", True) == [("a", True)]  # "b" may start "bc"
+    assert m.feed("d", False) == [("b", True), ("d", False)]  # it did not: sent, with its own draft flag
+    assert m.feed("xb", True) == [("x", True)]
+    assert m.flush() == [("b", True)] and not m.stopped
+
+
+def test_no_stops_passes_everything():
+    assert run(["a", "", "b"], []) == ([("a", True), ("b", True)], [], False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("abc", max_size=4), max_size=8), st.lists(st.text("abc", min_size=1, max_size=3), max_size=3))
+def test_matches_the_earliest_stop(pieces, stops):
+    text = "".join(pieces)
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    out, rest, stopped = run(pieces, stops)
+    assert "".join(t for t, _ in out + rest) == (text[: min(hits)] if hits else text)
+    assert stopped == bool(hits)
