@@ -237,7 +237,10 @@ class Chat:
 @click.option("--drafter", default=None, callback=_drafter_option,
               help="model (default when a draft is loaded) | hybrid | lookup (the conversation's n-grams, no "
                    "draft model) | layerskip | none.")
-def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, drafter, **opts):
+@click.option("--tree/--no-tree", "tree", default=None,
+              help="Verify draft trees (the default where the models support them) or single chains.")
+def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, drafter, tree,
+         **opts):
     """Interactive chat in the terminal."""
     from .backend import describe
     from .loading import load
@@ -249,7 +252,7 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
     pair = load(pair_dir or model, draft, no_draft=no_draft or not uses_draft_model)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
-                          drafter="none" if no_draft else drafter, **sampling_kwargs(opts))
+                          drafter="none" if no_draft else drafter, tree=tree, **sampling_kwargs(opts))
     except ValueError as e:
         raise MlxspecError(str(e)) from e
     try:

@@ -29,7 +29,6 @@ from .drafters import Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
 from .server_stream import StopMatcher
-from .tree_round import tree_unsupported
 from .untrusted import printable
 
 
@@ -64,7 +63,6 @@ class Engine:
         self.default = (decoder.drafter, decoder.policy)
         self.plain = (Drafter(), FixedK(0))
         self.auto_policy = decoder.policy if num_draft in (None, "auto") else None
-        self.trees = decoder.trees  # as configured (--tree/--no-tree and what the pair supports)
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.max_queue = max_queue
         self.busy = False
@@ -113,9 +111,7 @@ class Engine:
             policy, effective = FixedK(num_draft), num_draft
         if not drafter.max_k:
             effective = 0
-        self.decoder.drafter, self.decoder.policy = drafter, policy
-        # draft trees are sized by the cost model: a request's fixed k drafts chains
-        self.decoder.trees = self.trees and tree_unsupported(self.decoder.target.model, drafter, policy) is None
+        self.decoder.drafter, self.decoder.policy = drafter, policy  # a fixed k drafts chains (decoder.trees)
         return effective
 
     def run(self, job: Job):
@@ -154,7 +150,6 @@ class Engine:
             self._failed(job, stream, f"internal error ({type(e).__name__}); the server reset its caches")
         finally:
             self.decoder.drafter, self.decoder.policy = self.default
-            self.decoder.trees = self.trees
 
     def _failed(self, job: Job, stream, message: str):
         try:

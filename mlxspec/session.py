@@ -84,7 +84,7 @@ class Session:
     def __init__(self, pair=None, *, model=None, draft=None, no_draft: bool = False, drafter=None,
                  drafting: bool | None = None, system: str | None = None, max_tokens: int = 512,
                  num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None,
-                 draft_model=None, **sampling_kw):
+                 draft_model=None, tree: bool | None = None, **sampling_kw):
         """`pair`: a loaded `mlxspec.Pair`; or `model` and `draft` (a draft MODEL, as in
         `mlxspec.load`; a catalog target brings its catalog partner) to load one.
         `drafter`: what drafts while drafting is on: 'model' (the default when the
@@ -92,7 +92,8 @@ class Session:
         'layerskip', 'none', or a Drafter.  `drafting`: start with drafting on
         (default: on when there is a drafter).  `sampling`: a SamplingParams, or
         keyword arguments temp, top_p, top_k, min_p, repetition_penalty,
-        repetition_context_size, seed.  Every value is checked here: a bad one is a
+        repetition_context_size, seed.  `tree`: None (default) verifies draft trees
+        where the pair supports them, False verifies chains.  Every value is checked here: a bad one is a
         one-line MlxspecError before anything is loaded."""
         if isinstance(draft, bool):  # the old meaning of draft=: on/off
             warnings.warn("Session(draft=True/False) is now Session(drafting=True/False); draft= names a "
@@ -118,7 +119,8 @@ class Session:
         self._lock = threading.Lock()
         self._active: SessionStream | None = None
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
-        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size)
+        self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size,
+                                          tree=tree)
         self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min)
         if drafting is None:
             drafting = self._drafting.available

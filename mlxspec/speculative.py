@@ -64,16 +64,28 @@ class SpeculativeDecoder:
 
             self.target.merge_limit = merge_limit(policy.cost)
         self.context_length = context_length
-        self.tree_note = tree_unsupported(target_model, self.drafter, policy) if tree is not False else None
-        self.trees = tree is not False and self.tree_note is None  # None (auto) or True: trees where they work
-        self.tree_asked = tree is True
-        self.lookup = PromptLookupDrafter() if self.trees else None  # its continuations join the trees
+        self.tree = tree  # None (the default) or True: verify trees where they work; False: chains
+        self._tree_for = None  # the (drafter, policy) that tree_note was worked out for
+        self.lookup = PromptLookupDrafter()  # in tree rounds, its continuations join the trees
+
+    @property
+    def tree_note(self) -> str | None:
+        """Why rounds verify chains with the current drafter and policy (None: trees)."""
+        if self.tree is False:
+            return None
+        if self._tree_for != (self.drafter, self.policy):  # Session and serve swap them
+            self._tree_for = (self.drafter, self.policy)
+            self._tree_why = tree_unsupported(self.target.model, self.drafter, self.policy)
+        return self._tree_why
+
+    @property
+    def trees(self) -> bool:
+        return self.tree is not False and self.tree_note is None
 
     def reset(self):
         self.target.reset()
         self.drafter.reset()
-        if self.lookup is not None:
-            self.lookup.reset()
+        self.lookup.reset()
 
     @property
     def token_limit(self) -> int | None:
@@ -119,7 +131,8 @@ class SpeculativeDecoder:
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
-        if self.tree_note and (self.tree_asked or "model type" in self.tree_note):
+        trees = self.trees
+        if self.tree_note and (self.tree is True or "model type" in self.tree_note):
             stats.notes.append(f"verifying chains: {self.tree_note}")
         eos = set(eos_token_ids)
         limit = self.context_length
@@ -155,7 +168,7 @@ class SpeculativeDecoder:
                     k_draft = k_verify = None
 
                 t_draft = time.perf_counter()
-                if k and self.trees:
+                if k and trees:
                     r = run_tree_round(self.target, self.drafter, self.policy, history, k, params,
                                        k_draft, k_verify, self.target_name, self.lookup)
                     stats.record_tree(r.nodes, r.depth, len(r.accepted), r.siblings_taken, r.lookup_taken)

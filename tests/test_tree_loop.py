@@ -238,3 +238,21 @@ def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
                 out = [t for t, _ in dec.generate([7, 19, 200, 31, 31, 5], max_tokens=40, stats=stats)]
                 seen.append((out, stats.target_passes, stats.draft_accepted, stats.stop_reasons))
             assert dec.trees and seen[0] == seen[1], seen
+
+
+def test_session_verifies_trees_by_default_and_chains_with_tree_false(tiny_pair):
+    """Session builds its decoder before drafting is switched on: trees follow the
+    drafter and policy in use (and a toggled-off session decodes plainly)."""
+    from mlxspec.session import Session
+
+    replies = {}
+    for tree in (None, False):
+        s = Session(tiny_pair, max_tokens=16, tree=tree)
+        stream = s.stream("a message to answer")
+        for _ in stream:
+            pass
+        replies[tree] = stream.tokens
+        assert (stream.stats.tree_rounds > 0) == (tree is None), stream.stats.tree_rounds
+        s.drafting = False
+        assert not s.decoder.trees
+    assert replies[None] == replies[False]
