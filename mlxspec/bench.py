@@ -121,8 +121,9 @@ def _command() -> str:
 @click.option("--num-draft", "-k", type=click.IntRange(1, MAX_NUM_DRAFT), default=3, show_default=True,
               help="k for fixed-k contenders (mlx-lm's default is 3).")
 @click.option("--contenders", default=None,
-              help="Comma-separated: plain, mlx-lm[:K], mlx-lm-plain, model|lookup|layerskip[:K|:auto]; or 'all' "
-                   "[default: plain,mlx-lm,model, plus model:auto and lookup where this mlxspec has them].")
+              help="Comma-separated: plain, mlx-lm[:K], mlx-lm-plain, model|lookup|layerskip[:K|:auto][:chain] "
+                   "(':chain': verify chains, not trees); or 'all' [default: plain,mlx-lm,model, plus model:auto, "
+                   "model:auto:chain and lookup where this mlxspec has them].")
 @click.option("--seed", type=typed("seed"), default=0, show_default=True, help="Seed for T > 0 (repeat r uses seed + r).")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: ./mlxspec-bench/<date-time>].")
