@@ -201,7 +201,7 @@ class Chat:
     def run(self) -> int:
         while True:
             try:
-                line = input(PROMPT)
+                line = input(PROMPT if sys.stdin.isatty() else "")  # piped input: no prompts in the output
             except EOFError:
                 out()
                 return 0
@@ -228,10 +228,11 @@ class Chat:
 @click.option("--pair", "pair_dir", default=None, type=click.Path(file_okay=False),
               help="A pair folder (written by `mlxspec convert`); same as --model DIR.")
 @sampling_options
-@click.option("--system", default=None, help="System prompt.")
+@click.option("--system-prompt", "--system", "system", default=None, help="System prompt (--system: the old name).")
 @max_tokens_option(1024, "Longest reply.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
-@click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)
+@click.option("--num-draft", "--num-draft-tokens", "num_draft", type=typed("num_draft"), default=None,
+              help=NUM_DRAFT_HELP + " (--num-draft-tokens: mlx-lm's spelling)")
 @click.option("--draft-p-min", type=typed("p_min"), default=0.0,
               help="Stop drafting when the draft's top probability is below this.")
 @click.option("--drafter", default=None, callback=_drafter_option,

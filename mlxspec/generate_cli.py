@@ -27,8 +27,24 @@ def parse_draft_vocab(value):
     return typed("draft_vocab").convert(value, None, None)
 
 
+QUIET = []  # --quiet: set while a command runs
+
+
 def _say(text: str) -> None:
-    click.echo(text, err=True)
+    if not QUIET:
+        click.echo(text, err=True)
+
+
+def mx_reset_peak():
+    import mlx.core as mx
+
+    mx.reset_peak_memory()
+
+
+def mx_peak_gb() -> float:
+    import mlx.core as mx
+
+    return mx.get_peak_memory() / 2**30
 
 
 @click.command()
@@ -38,19 +54,27 @@ def _say(text: str) -> None:
 @sampling_options
 @draft_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
+@click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only).")
+@click.option("--show-prompt", is_flag=True, help="Print the prompt as the model sees it (template applied) to stderr.")
+@click.option("--verbose/--quiet", "verbose", default=True,
+              help="--quiet: print only the generated text (no header or summary lines).")
 @click.option("--compare", is_flag=True,
               help="Also measure plain target decoding (warm-up, interleaved repeats) and report the speed-up.")
 @click.option("--compare-repeats", type=typed("repeats"), default=3, show_default=True,
               help="With --compare: timed runs of each side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
-             draft_vocab, tree, ignore_chat_template, compare, compare_repeats, as_json, **opts):
+             draft_vocab, tree, ignore_chat_template, system, show_prompt, verbose, compare, compare_repeats, as_json,
+             **opts):
     """Generate text from a prompt, speculatively."""
     if prompt == "-":
         prompt = sys.stdin.read()
     if ignore_chat_template and not prompt:
         raise click.BadParameter("is empty: with --ignore-chat-template the model needs some text to continue",
                                  param_hint="'--prompt' / '-p'")
+    if ignore_chat_template and system is not None:
+        raise click.BadParameter("needs the chat template (drop --ignore-chat-template)", param_hint="'--system-prompt'")
+    QUIET[:] = [] if verbose else [True]
     from .api import encode_prompt, stream_generate
     from .backend import describe
     from .loading import load
@@ -63,7 +87,11 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
     sampling = sampling_kwargs(opts)
     stream, interrupted, ids = None, False, []
     try:
-        ids = encode_prompt(pair.tokenizer, prompt, not ignore_chat_template, pair.vocab_size)
+        text = prompt if system is None else [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        ids = encode_prompt(pair.tokenizer, text, not ignore_chat_template, pair.vocab_size)
+        if show_prompt:
+            click.echo(pair.tokenizer.decode(ids), err=True)
+        mx_reset_peak()
         stream = stream_generate(pair, ids, max_tokens=max_tokens, **decoder_kw, **sampling)
         _say(f"[{pair.describe()}; {describe()}]")  # after the prompt and settings passed their checks
         for chunk in stream:
@@ -78,11 +106,12 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
         stats.finish_reason = "cancelled"
     if not as_json:
         click.echo()
-        _say(f"[{stats.summary()}]")
+        _say(f"[{stats.summary()}; peak memory {mx_peak_gb():.2f} GB]")
         if stats.finish_reason == "context":
             _say(f"[stopped at the model's context limit ({pair.context_length} tokens): "
                  f"{stats.generated_tokens} of the {max_tokens} tokens asked for were generated]")
     out = {"text": stream.text if stream else "", "tokens": stream.tokens if stream else [],
+           "peak_memory_bytes": int(mx_peak_gb() * 2**30),
            "finish_reason": stats.finish_reason, "stats": stats.to_dict(), "backend": describe(),
            "pair": pair.describe()}
     if compare and not interrupted and stream is not None:

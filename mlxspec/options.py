@@ -180,8 +180,9 @@ def _drafter_option(ctx, param, value):
 def model_options(f):
     """--model/--draft/--no-draft, shared by generate, chat, bench and calibrate."""
     f = click.option("--no-draft", is_flag=True, help="Plain target decoding (same code path, for comparisons).")(f)
-    f = click.option("--draft", "draft", default=None,
-                     help="Draft model (folder, .gguf, catalog name or cached repo id).")(f)
+    f = click.option("--draft", "--draft-model", "draft", default=None,
+                     help="Draft model (folder, .gguf, catalog name or cached repo id); --draft-model is "
+                          "mlx-lm's spelling.")(f)
     f = click.option("--model", "model", default=None,
                      help="Target model or pair folder (default: the Qwen2.5-Coder 1.5B/0.5B pair).")(f)
     return f
@@ -229,7 +230,8 @@ def draft_options(f):
     f = click.option("--num-draft-max", type=typed("num_draft_max"), default=None,
                      help="With --num-draft auto: the most tokens drafted per round "
                           "(default 12; 0 = plain decoding).")(f)
-    f = click.option("--num-draft", type=typed("num_draft"), default=None, help=NUM_DRAFT_HELP)(f)
+    f = click.option("--num-draft", "--num-draft-tokens", "num_draft", type=typed("num_draft"), default=None,
+                     help=NUM_DRAFT_HELP + " (--num-draft-tokens: mlx-lm's spelling)")(f)
     return f
 
 

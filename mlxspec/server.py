@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import click
 
 from .errors import MlxspecError
-from .options import draft_options, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
+from .options import draft_options, max_tokens_option, model_options, sampling_kwargs, sampling_options
 from .server_engine import Engine, Job, QueueFull
 from .server_requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
 from .server_stream import SSE_DONE, Shapes, openai_finish, sse
@@ -277,10 +277,7 @@ def chat_page() -> bytes:
 @click.command()
 @click.argument("pair_arg", metavar="[PAIR]", required=False)
 @model_options
-@click.option("--draft-model", "draft_model", default=None, help="Same as --draft (mlx_lm.server's spelling).")
 @draft_options
-@click.option("--num-draft-tokens", "num_draft_tokens", type=typed("num_draft"), default=None,
-              help="Same as --num-draft (mlx_lm.server's spelling).")
 @sampling_options
 @max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -293,7 +290,7 @@ def chat_page() -> bytes:
 @click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True,
               help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
-def serve(pair_arg, model, draft, draft_model, no_draft, num_draft, num_draft_tokens, num_draft_max, drafter,
+def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
           draft_p_min, draft_vocab, tree, max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes,
           verbose, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
@@ -303,12 +300,6 @@ def serve(pair_arg, model, draft, draft_model, no_draft, num_draft, num_draft_to
 
     if pair_arg and model:
         raise click.UsageError("give a PAIR or --model, not both")
-    if draft and draft_model:
-        raise click.UsageError("give --draft or --draft-model, not both")
-    if num_draft is not None and num_draft_tokens is not None:
-        raise click.UsageError("give --num-draft or --num-draft-tokens, not both")
-    draft = draft or draft_model
-    num_draft = num_draft if num_draft is not None else num_draft_tokens
     if not is_loopback(host) and not api_key and not insecure:
         raise MlxspecError(f"refusing to listen on {printable(host, 100)} without --api-key: anyone who can reach "
                            "this machine could use it; pass --api-key KEY (or --insecure to allow it anyway)")

@@ -25,7 +25,8 @@ import mlx.core as mx
 
 from .acceptance import leading_accepted, verify
 from .cache import ModelState
-from .draft_length import FixedK, Round
+from .cost_model import assumed
+from .draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
 from .drafters import EMPTY, Drafter, PromptLookupDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
@@ -33,7 +34,6 @@ from .stats import GenerationStats
 from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 from .tree_round import run_tree_round, tree_unsupported
 
-DEFAULT_NUM_DRAFT = 4
 
 
 def check_context(history: list[int], limit: int | None):
@@ -56,8 +56,10 @@ class SpeculativeDecoder:
         self.vocab_size = vocab_size
         self.target_name = target_name
         self.drafter = drafter or Drafter()
-        if policy is None:
-            policy = FixedK(DEFAULT_NUM_DRAFT if self.drafter.max_k else 0)
+        if policy is None:  # the API's default, auto, with the drafter's own cost estimate (the API calibrates)
+            d = self.drafter
+            policy = PerToken(assumed(d.relative_cost), min(DEFAULT_MAX_K, d.max_k), lookup=getattr(
+                d, "proposes_lookup", False), model=d.uses_draft_model) if d.max_k else FixedK(0)
         self.policy = policy
         if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
             from .cost_model import merge_limit

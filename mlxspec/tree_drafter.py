@@ -39,7 +39,6 @@ class TreeDraft:
         self.tree = DraftTree()
         self.fed: dict[int, int] = {}  # tree node -> draft block index
         self.expanded: list[int] = []  # tree nodes whose children were proposed (-1: the root)
-        self.included_children: dict[int, int] = {}
         state = drafter.state
         pending = state.sync(history)
         self.block = TreeBlock(state)
@@ -132,7 +131,6 @@ class TreeDraft:
                         continue
                     tok = int(self.rng.choice(q_node.size, p=q_node))
                 added.append((v, tree.add(tok, parent, q_node, conf, a)))
-                self.included_children[parent] = self.included_children.get(parent, 0) + 1
             depth += 1
             added.sort(key=lambda c: -c[0])
             n = budget.expand([v for v, _ in added], depth) if added else 0

@@ -248,6 +248,8 @@ def test_session_verifies_trees_by_default_and_chains_with_tree_false(tiny_pair)
     replies = {}
     for tree in (None, False):
         s = Session(tiny_pair, max_tokens=16, tree=tree)
+        assert s.decoder.trees == (tree is None), s.decoder.tree_note
+        s.decoder.policy.cost = wide().cost  # drafting pays whatever this machine's calibration of the tiny pair says
         stream = s.stream("a message to answer")
         for _ in stream:
             pass
