@@ -122,3 +122,12 @@ def error_of(status: int, body, expect_status: int) -> dict:
     assert isinstance(err["message"], str) and err["message"] and "\n" not in err["message"], err
     assert "Traceback" not in err["message"]
     return err
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The target alone (no draft), in this process: the reference greedy output."""
+    import mlxspec
+
+    need_smollm2()
+    return mlxspec.load(MODEL, no_draft=True)

@@ -9,12 +9,11 @@ import subprocess
 
 import pytest
 
-import mlxspec
 from mlxspec import api
 from mlxspec.cache import common_prefix
 
 from cli_util import run_cli
-from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
+from server_process import MODEL, SMOLLM2, error_of, start, target  # noqa: F401 (target: a fixture)
 
 pytestmark = pytest.mark.real
 
@@ -29,13 +28,6 @@ def server(tmp_path_factory):
     s = start(tmp_path_factory, "serve-api", *SMOLLM2, "--num-draft-tokens", "3", api_key=KEY)
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def target():
-    """The target alone (no draft), in this process: the reference greedy output."""
-    need_smollm2()
-    return mlxspec.load(MODEL, no_draft=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ import threading
 
 import pytest
 
-import mlxspec
 from mlxspec import api
 
 from cli_util import assert_refused, run_cli
-from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
+from server_process import MODEL, SMOLLM2, error_of, start, target  # noqa: F401 (target: a fixture)
 
 pytestmark = pytest.mark.real
 
@@ -30,12 +29,6 @@ def server(tmp_path_factory):
               "--max-request-bytes", str(MAX_BODY))
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def target():
-    need_smollm2()
-    return mlxspec.load(MODEL, no_draft=True)
 
 
 def reference(target, messages, n):
