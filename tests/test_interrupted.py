@@ -57,9 +57,16 @@ def temps(home: Path) -> list[str]:
     return sorted(found)
 
 
+def _default_signals():
+    """The child starts with SIGTERM/SIGHUP at their defaults, even when the test run itself
+    ignores them (e.g. under nohup, whose ignored SIGHUP a child rightly keeps ignoring)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start(args, env):
     return subprocess.Popen(args, env=env, cwd=Path(env["MLXSPEC_HOME"]).parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
 
 
 def pull_args():
