@@ -6,10 +6,14 @@
 The folder holds what `mlx_lm.utils.load` reads:
 
 * `model.safetensors` (or `model-0000i-of-0000n.safetensors` shards): every tensor
-  dequantised with the `gguf` package and stored as **float32**, under mlx-lm
-  names.  float32 is what the CPU backend computes in (only float32 matmuls use
-  BLAS); storing it keeps the dequantised values exact and makes loading a plain
-  memory map, at twice the disk of float16 (~4 bytes per parameter).
+  dequantised with the `gguf` package, under mlx-lm names.  Matrices are stored as
+  **float16** (2 bytes per parameter, half the disk of float32); vectors (norms,
+  biases) and any matrix float16 cannot hold stay float32.  The loader computes in
+  float32 on the CPU backend (loading.py casts; only float32 matmuls use BLAS) and in
+  float16 on Metal, as mlx-lm does.  The rounding is recorded in `config.json`
+  (`mlxspec.storage`: the largest absolute and relative change of any weight); it is
+  far below the GGUF's own quantisation step (README, "Weights").  Folders of the
+  older float32 format (1) keep working as they are.
 * `config.json` for `mlx_lm.models.{llama,qwen2,gemma3_text}`.  llama GGUFs store
   Q/K rows permuted for interleaved RoPE, so they get `rope_traditional: true`;
   gemma3 GGUFs store RMSNorm weights as 1+w, which we undo; embeddings are tied
@@ -45,13 +49,14 @@ import numpy as np
 
 from . import progress, tempfiles
 from .errors import MlxspecError, write_failure
+from .gguf_storage import Rounding, shard_plan, stored_bytes, to_storage
 from .gguf_tokenizer import eos_ids, read_tokenizer, tokenizer_files  # noqa: F401  (public here too)
 from .paths import cache_dir
 from .untrusted import printable
 
-SHARD_BYTES = 2 << 30
 MAX_COUNT = 1 << 24  # no sane size, count or length in GGUF metadata is larger
-FORMAT = 1  # of the converted folders; bump it when conversion changes, and old cache entries are redone
+FORMAT = 2  # of the converted folders (1: float32, 2: float16 matrices); bump it when conversion changes
+READABLE_FORMATS = (1, 2)  # cache entries of these formats are used as they are; others are redone
 MLX_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 # GGUF block tensor suffix -> mlx-lm name inside `model.layers.N.`
@@ -232,40 +237,29 @@ def file_type_name(value) -> str | None:
         return None
 
 
-def shard_plan(tensors, limit: int = SHARD_BYTES) -> list[list]:
-    """Group tensors into consecutive shards of at most `limit` float32 bytes (at least one each)."""
-    shards, size = [[]], 0
-    for t in tensors:
-        nbytes = 4 * int(np.prod(t.shape))
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(t)
-        size += nbytes
-    return shards
-
-
-def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool) -> int:
-    """Dequantise every tensor into float32 safetensors shards under `out`; return the bytes written.
-    A bar on a terminal (progress.py); `progress_lines`: a line per shard as well."""
+def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool) -> tuple[int, Rounding]:
+    """Dequantise every tensor into safetensors shards under `out` (float16 matrices); return the
+    bytes written and the rounding.  A bar on a terminal (progress.py); `progress_lines`: a line per
+    shard as well."""
     shards = shard_plan(reader.tensors)
     names = (
         ["model.safetensors"]
         if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
-    weight_map, total, done = {}, 0, 0
+    weight_map, total, done, rounding = {}, 0, 0, Rounding()
     with progress.bar(f"converting {printable(path.name, 60)}", len(reader.tensors), unit="tensor",
                       show=progress_lines) as bar:
         for name, shard in zip(names, shards):
-            done, total = _write_shard(path, arch, out, name, shard, weight_map, bar, done, total)
-            _say(progress_lines, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB float32")
+            done, total = _write_shard(path, arch, out, name, shard, weight_map, bar, done, total, rounding)
+            _say(progress_lines, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB")
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return total
+    return total, rounding
 
 
-def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map: dict, bar, done: int, total: int):
+def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map: dict, bar, done: int, total: int,
+                 rounding: Rounding):
     """Dequantise one shard's tensors and save them; returns the updated (tensors done, bytes)."""
     import mlx.core as mx
 
@@ -275,12 +269,14 @@ def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map:
         if arch == "gemma3" and t.name.endswith("norm.weight"):
             w = w - 1.0  # the file stores 1 + w; mlx-lm's Gemma RMSNorm adds the 1
         key = mlx_name(t.name, arch)
-        arrays[key] = mx.array(w)
+        stored = to_storage(w)
+        rounding.add(w, stored)
+        arrays[key] = mx.array(stored)
         weight_map[key] = name
-        total += w.nbytes
+        total += stored.nbytes
         done += 1
         bar.update(1)
-        del w
+        del w, stored
     mx.save_safetensors(str(out / name), arrays, metadata={"format": "mlx"})
     return done, total
 
@@ -306,12 +302,12 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
             mlx_name(t.name, arch)  # fail on unknown tensors before the slow part
     except MlxspecError as e:
         raise MlxspecError(f"{path}: {e}") from None
-    need, free = sum(4 * int(np.prod(s)) for s in shapes.values()), shutil.disk_usage(out).free
+    need, free = sum(stored_bytes(s) for s in shapes.values()), shutil.disk_usage(out).free
     if free < need + (256 << 20):
         raise MlxspecError(f"{path}: converting needs {need / 1e9:.1f} GB free in {out.parent}, "
                            f"only {free / 1e9:.1f} GB left")
     _say(progress, f"converting {path.name} ({arch}, {config['num_hidden_layers']} layers, "
-                   f"{len(reader.tensors)} tensors) to float32 MLX weights")
+                   f"{len(reader.tensors)} tensors) to float16 MLX weights")
 
     try:
         tok_json, tok_config = tokenizer_files(meta)
@@ -322,12 +318,13 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     tokens, kinds = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
     eos = eos_ids(meta, tokens, kinds)
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float32")
+    config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float16")
     config["mlxspec"] = {"source": path.name, "sha256": digest, "format": FORMAT,  # the name is shown on terminals
                          "general.name": printable(meta["general.name"]) if "general.name" in meta else None,
                          "file_type": file_type_name(meta.get("general.file_type"))}
 
-    write_weights(path, reader, arch, out, progress)
+    _, rounding = write_weights(path, reader, arch, out, progress)
+    config["mlxspec"]["storage"] = rounding.to_dict()
     (out / "tokenizer.json").write_text(tok_json)
     _write_json(out / "tokenizer_config.json", tok_config)
     _write_json(out / "generation_config.json", {"bos_token_id": config["bos_token_id"], "eos_token_id": eos})
@@ -365,7 +362,7 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
     final = cache_dir() / "models" / digest
     final.parent.mkdir(parents=True, exist_ok=True)
     tempfiles.remove_stale(final.parent)  # temps of killed conversions
-    if cached_format(final) == FORMAT:
+    if cached_format(final) in READABLE_FORMATS:
         return final
     start = time.perf_counter()
     with tempfiles.signals_raise():
@@ -373,14 +370,14 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
         try:
             convert_into(path, tmp, digest, progress)
             os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-            if final.exists() and cached_format(final) != FORMAT:  # an entry from an older mlxspec
+            if final.exists() and cached_format(final) not in READABLE_FORMATS:  # e.g. from an older mlxspec
                 stale = tempfiles.temp_name(final.parent, f"{digest[:16]}-old")
                 os.rename(final, stale)
                 shutil.rmtree(stale, ignore_errors=True)
             try:
                 os.rename(tmp, final)
             except OSError:
-                if cached_format(final) != FORMAT:  # not just another process finishing first
+                if cached_format(final) not in READABLE_FORMATS:  # not just another process finishing first
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
         except BaseException as e:

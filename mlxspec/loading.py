@@ -246,6 +246,7 @@ def load_model_dir(path: Path, name: str = "model"):
 
     Nothing from the folder is executed: a config asking for custom model code
     (`model_file`) is refused, and `auto_map` is ignored (untrusted.py)."""
+    import mlx.core as mx
     from mlx_lm.utils import load_model
 
     model_file = read_config(path).get("model_file")
@@ -253,7 +254,11 @@ def load_model_dir(path: Path, name: str = "model"):
         raise MlxspecError(f"the {name} in {path} needs custom model code ({printable(model_file)}), "
                            "which mlxspec never runs")
     try:
-        model, config = load_model(path, trust_remote_code=False)
+        model, config = load_model(path, lazy=True, trust_remote_code=False)
+        dtype = compute_dtype()
+        if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
+            model.set_dtype(dtype)
+        mx.eval(model.parameters())
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:
@@ -261,9 +266,6 @@ def load_model_dir(path: Path, name: str = "model"):
     except Exception as e:  # corrupt or truncated safetensors surface as RuntimeError and friends
         raise MlxspecError(f"cannot read the {name} weights in {path} ({printable(first_line(e))}): "
                            "the file is corrupt or truncated; re-download or re-convert it") from e
-    dtype = compute_dtype()
-    if dtype is not None:
-        model.set_dtype(dtype)
     config = strip_code_refs(config)
     tokenizer = load_tokenizer(path, config.get("eos_token_id"), f"the {name} tokenizer in {path}")
     _no_length_warning(tokenizer)
