@@ -111,7 +111,7 @@ class Engine:
             policy, effective = FixedK(num_draft), num_draft
         if not drafter.max_k:
             effective = 0
-        self.decoder.drafter, self.decoder.policy = drafter, policy  # a fixed k drafts chains (decoder.trees)
+        self.decoder.use(drafter, policy)  # a fixed k drafts chains (decoder.trees)
         return effective
 
     def run(self, job: Job):
@@ -149,7 +149,7 @@ class Engine:
                   file=sys.stderr, flush=True)
             self._failed(job, stream, f"internal error ({type(e).__name__}); the server reset its caches")
         finally:
-            self.decoder.drafter, self.decoder.policy = self.default
+            self.decoder.use(*self.default)
 
     def _failed(self, job: Job, stream, message: str):
         try:

@@ -45,7 +45,7 @@ class Drafting:
             if self._drafter is None:
                 self._drafter = make_drafter(self.pair, self._choice, self.p_min)
             self._spec = (self._drafter, make_policy(self.num_draft, self._drafter, self.pair))
-        self.decoder.drafter, self.decoder.policy = self._spec if on else self._plain
+        self.decoder.use(*(self._spec if on else self._plain))
         self.on = on
 
     def set_num_draft(self, value):
@@ -53,7 +53,7 @@ class Drafting:
         if self._spec is not None:
             self._spec = (self._spec[0], make_policy(value, self._spec[0], self.pair))
             if self.on:
-                self.decoder.policy = self._spec[1]
+                self.decoder.use(*self._spec)
 
     def reset(self):
         if self._drafter is not None:

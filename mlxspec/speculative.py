@@ -55,20 +55,25 @@ class SpeculativeDecoder:
         self.target = ModelState(target_model)
         self.vocab_size = vocab_size
         self.target_name = target_name
-        self.drafter = drafter or Drafter()
+        drafter = drafter or Drafter()
         if policy is None:  # the API's default, auto, with the drafter's own cost estimate (the API calibrates)
-            d = self.drafter
+            d = drafter
             policy = PerToken(assumed(d.relative_cost), min(DEFAULT_MAX_K, d.max_k), lookup=getattr(
                 d, "proposes_lookup", False), model=d.uses_draft_model) if d.max_k else FixedK(0)
-        self.policy = policy
-        if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
-            from .cost_model import merge_limit
-
-            self.target.merge_limit = merge_limit(policy.cost)
+        self.use(drafter, policy)
         self.context_length = context_length
         self.tree = tree  # None (the default) or True: verify trees where they work; False: chains
         self._tree_for = None  # the (drafter, policy) that tree_note was worked out for
         self.lookup = PromptLookupDrafter()  # in tree rounds, its continuations join the trees
+
+    def use(self, drafter: Drafter, policy) -> None:
+        """Draft with `drafter` under `policy` from the next round on (Session and serve swap them
+        per conversation or request); trees follow (tree_note is worked out per pair)."""
+        self.drafter, self.policy = drafter, policy
+        if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
+            from .cost_model import merge_limit
+
+            self.target.merge_limit = merge_limit(policy.cost)
 
     @property
     def tree_note(self) -> str | None:

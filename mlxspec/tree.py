@@ -21,12 +21,13 @@ class DraftTree:
     confidence: list = field(default_factory=list)  # the draft's top probability at the parent (None: lookup)
     rank: list = field(default_factory=list)  # 0 for a first child, 1 for the second, ...
     estimate: list = field(default_factory=list)  # estimated P(target takes it | parent taken), or None
+    draft_p: list = field(default_factory=list)  # the draft's probability of the token at its parent, or None
     _children: dict = field(default_factory=dict)
 
     def __len__(self):
         return len(self.tokens)
 
-    def add(self, token: int, parent: int = -1, q=None, confidence=None, estimate=None) -> int:
+    def add(self, token: int, parent: int = -1, q=None, confidence=None, estimate=None, draft_p=None) -> int:
         if not -1 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} is not an earlier node")
         kids = self._children.setdefault(parent, [])
@@ -35,6 +36,7 @@ class DraftTree:
         self.q.append(q)
         self.confidence.append(confidence)
         self.estimate.append(estimate)
+        self.draft_p.append(draft_p)
         self.rank.append(len(kids))
         kids.append(len(self.tokens) - 1)
         return len(self.tokens) - 1

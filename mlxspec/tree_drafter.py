@@ -97,7 +97,8 @@ class TreeDraft:
                 order = np.argsort(-row)[:MAX_BRANCH]
                 out.append((float(row[order[0]]), [(int(t), float(row[t])) for t in order], None))
             else:
-                top = np.sort(row)[::-1][:MAX_BRANCH]
+                top = -np.sort(-np.partition(row, -MAX_BRANCH)[-MAX_BRANCH:]) if row.size > MAX_BRANCH \
+                    else np.sort(row)[::-1]
                 out.append((float(top[0]), [(None, float(p)) for p in top if p > 0], row))
         return out
 
@@ -110,17 +111,17 @@ class TreeDraft:
                 raise MlxspecError("the draft model produced NaN logits: its weights are corrupt or overflow in "
                                    "this dtype; re-convert or re-download it, or use --no-draft")
             self.expanded.extend(nodes)
-            cands = []  # (value, parent, rank, token or None, confidence, q, estimate)
+            cands = []  # (value, parent, rank, token or None, confidence, q, estimate, draft probability)
             for node, v, (conf, ranked, q) in zip(nodes, values, dists):
                 if self.drafter.p_min > 0 and conf < self.drafter.p_min:
                     continue
                 for r, (tok, p) in enumerate(ranked):
                     a = budget.first_child(conf) if r == 0 else budget.sibling(p)
-                    cands.append((v * a, node, r, tok, conf, q, a))
+                    cands.append((v * a, node, r, tok, conf, q, a, p))
             cands.sort(key=lambda c: (-c[0], c[1], c[2]))
             added = []
             last_rank: dict[int, int] = {}
-            for v, parent, r, tok, conf, q, a in cands:
+            for v, parent, r, tok, conf, q, a, p in cands:
                 if last_rank.get(parent, -1) != r - 1 or not budget.include(v):
                     continue  # a sibling only after the ones ranked above it
                 last_rank[parent] = r
@@ -130,7 +131,7 @@ class TreeDraft:
                     if q_node is None:
                         continue
                     tok = int(self.rng.choice(q_node.size, p=q_node))
-                added.append((v, tree.add(tok, parent, q_node, conf, a)))
+                added.append((v, tree.add(tok, parent, q_node, conf, a, p)))
             depth += 1
             added.sort(key=lambda c: -c[0])
             n = budget.expand([v for v, _ in added], depth) if added else 0

@@ -113,7 +113,7 @@ def _outcomes(tree, draft: TreeDraft, path: list, policy) -> list:
         out.extend((None, taken == c) for c in kids[1:] if tree.confidence[c] is None)  # lookup branches
         later = [c for c in kids[1:] if tree.confidence[c] is not None]
         if later and hasattr(policy, "update_siblings"):
-            predicted = sum(tree.estimate[c] / policy.sibling_scale() for c in later)  # their draft probabilities
+            predicted = sum(tree.draft_p[c] for c in later)  # what the draft gave them
             policy.update_siblings(predicted, int(taken in later))
         if taken is None:
             break

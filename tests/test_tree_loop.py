@@ -87,10 +87,11 @@ def test_caches_hold_exactly_the_kept_tokens():
         h = rng.integers(5, 299, int(rng.integers(1, 12))).tolist()
         for t, _ in dec.generate(h, max_tokens=int(rng.integers(1, 20))):
             pass
-        for state in (dec.target, dec.drafter.state):
+        for state, lag in ((dec.target, 2), (dec.drafter.state, 9)):
+            # the draft never fed the leaf it proposed, nor a lookup branch's nodes: the next round's sync does
             fresh = ModelState(state.model)
             fresh.forward(state.tokens)
-            assert state.tokens == h[: len(state.tokens)] and len(state.tokens) >= len(h) - 2
+            assert state.tokens == h[: len(state.tokens)] and len(state.tokens) >= len(h) - lag
             for c, f in zip(state.cache, fresh.cache):
                 assert c.offset == f.offset
                 k, v = c.keys_and_values()
@@ -258,3 +259,28 @@ def test_session_verifies_trees_by_default_and_chains_with_tree_false(tiny_pair)
         s.drafting = False
         assert not s.decoder.trees
     assert replies[None] == replies[False]
+
+
+def test_sibling_feedback_uses_the_drafts_own_probabilities():
+    """The sibling scale learns from what the draft gave the later siblings, not from
+    their capped estimates divided back by a scale that moves as the walk goes on."""
+    from types import SimpleNamespace
+
+    from mlxspec.draft_length import DECAY
+    from mlxspec.tree import DraftTree
+    from mlxspec.tree_round import _outcomes
+
+    policy = PerToken(assumed(0.2), 4)
+    policy.siblings = [3.0, 1.0]  # later siblings have been taken 3x as often as the draft said
+    scale = policy.sibling_scale()
+    tree = DraftTree()
+    a = tree.add(5, -1, None, 0.6, 0.6, 0.6)
+    b = tree.add(6, -1, None, 0.6, min(1.0, 0.4 * scale), 0.4)  # estimate capped at 1.0
+    tree.add(7, b, None, 0.5, 0.5, 0.5)
+    c = tree.add(8, b, None, 0.5, min(1.0, 0.45 * scale), 0.45)
+    assert tree.estimate[b] == 1.0 and a == 0
+    _outcomes(tree, SimpleNamespace(expanded=[-1, b]), [b, c], policy)
+    taken, predicted = 3.0, 1.0
+    for p in (0.4, 0.45):  # root level, then b's level: each sibling taken
+        taken, predicted = DECAY * taken + 1, DECAY * predicted + p
+    assert policy.siblings == pytest.approx([taken, predicted])
