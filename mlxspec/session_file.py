@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from .errors import MlxspecError
+from .options import RULES, BadValue
 from .sampling import SamplingParams
 
 SAVE_FORMAT = "mlxspec.session"
 SAVE_VERSION = 1
 ROLES = ("system", "user", "assistant")
-MAX_NUM_DRAFT = 16  # as `--num-draft`
 _MISSING = object()
 
 
@@ -121,22 +120,23 @@ class _Checker:
             self.got(field, "a string" + (" or null" if nullable else ""), value)
         return value
 
-    def integer(self, value, field, lo=None, hi=None, nullable=False):
+    def integer(self, value, field, lo=None, nullable=False):
         if nullable and value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             self.got(field, "an integer" + (" or null" if nullable else ""), value)
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            self.fail(field, f"must be {span}, got {value}")
+        if lo is not None and value < lo:
+            self.fail(field, f"must be at least {lo}, got {value}")
         return value
 
-    def number(self, value, field, lo=None, hi=None):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.got(field, "a finite number", value)
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            self.fail(field, f"must be between {lo} and {hi}, got {value}")
-        return value
+    def setting(self, value, field, name, nullable=False):
+        """A value under options.py's rule for `name` (the CLI's and the API's), reported against `field`."""
+        if nullable and value is None:
+            return None
+        try:
+            return RULES[name].check(name, value)
+        except BadValue as e:
+            self.fail(field, f"{e.rule}{', or null' if nullable else ''}, got {_described(value)}")
 
     def obj(self, value, field):
         if not isinstance(value, dict):
@@ -153,12 +153,7 @@ def _check_sampling(c: _Checker, sampling) -> SamplingParams:
         field = f"settings.sampling.{key}"
         if key not in _SAMPLING_TYPES:
             c.fail(field, f"is not a sampling setting (known: {', '.join(_SAMPLING_TYPES)})")
-        if key == "seed":
-            c.integer(value, field, nullable=True)
-        elif key in ("top_k", "repetition_context_size"):
-            c.integer(value, field, lo=0)
-        else:
-            c.number(value, field)
+        c.setting(value, field, key, nullable=key == "seed")
     try:
         return SamplingParams(**sampling)
     except ValueError as e:
@@ -172,19 +167,15 @@ def _check_settings(c: _Checker, settings) -> dict:
     if (v := c.get(settings, "sampling", "settings.sampling")) is not _MISSING:
         kw["sampling"] = _check_sampling(c, v)
     if (v := c.get(settings, "max_tokens", "settings.max_tokens")) is not _MISSING:
-        kw["max_tokens"] = c.integer(v, "settings.max_tokens", lo=1)
+        kw["max_tokens"] = c.setting(v, "settings.max_tokens", "max_tokens")
     if (v := c.get(settings, "draft", "settings.draft")) is not _MISSING:
         if not isinstance(v, bool):
             c.got("settings.draft", "true or false", v)
         kw["drafting"] = v  # the file keeps its field name "draft" (on/off)
     if (v := c.get(settings, "num_draft", "settings.num_draft")) is not _MISSING:
-        if v != "auto":
-            if isinstance(v, str):
-                c.got("settings.num_draft", f"an integer from 0 to {MAX_NUM_DRAFT}, \"auto\" or null", v)
-            c.integer(v, "settings.num_draft", lo=0, hi=MAX_NUM_DRAFT, nullable=True)
-        kw["num_draft"] = v
+        kw["num_draft"] = c.setting(v, "settings.num_draft", "num_draft", nullable=True)
     if (v := c.get(settings, "p_min", "settings.p_min")) is not _MISSING:
-        kw["p_min"] = c.number(v, "settings.p_min", lo=0, hi=1)
+        kw["p_min"] = c.setting(v, "settings.p_min", "p_min")
     if (v := c.get(settings, "on_cancel", "settings.on_cancel")) is not _MISSING:
         if v not in ("keep", "drop"):
             c.got("settings.on_cancel", "\"keep\" or \"drop\"", v)
