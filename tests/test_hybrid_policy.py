@@ -11,38 +11,15 @@ import pytest
 
 import tiny_hybrid
 from mlxspec.api import make_policy
-from mlxspec.cost_model import CostModel, predicted_speedup, refeed_cost
-from mlxspec.draft_length import FixedK, PerToken, Round
+from mlxspec.cost_model import predicted_speedup
+from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import ModelDrafter
-from test_draft_length import Text, uniform
-
-
-def costs(draft_step, slope):
-    return CostModel(draft_step, [1 + slope * (w - 1) for w in range(1, 18)])
+from policy_util import Recurrent, Text, costs, uniform
 
 
 def hybrid_speed(text, policy, cm, rounds=3000):
-    """tokens / cost, where a round that ends in a rejection after `kept` drafts makes
-    the next pass feed kept + 1 more positions."""
-    tokens = cost = 0.0
-    for _ in range(rounds):
-        k = policy.choose()
-        rnd = policy.round(k) if k else Round(None, 0)
-        confs, steps = [], 0
-        while k and rnd.more():
-            steps += 1
-            c = text.confidence(text.rng)
-            if not rnd.offer(c):
-                break
-            confs.append(c)
-        kept = 0
-        while kept < len(confs) and text.rng.random() < text.accept(confs[kept]):
-            kept += 1
-        policy.update(rnd, list(zip(confs, [True] * kept + [False]))[: kept + 1])
-        tokens += kept + 1
-        cost += cm.verify_width(len(confs) + 1) + cm.draft_step * steps
-        if kept < len(confs):
-            cost += refeed_cost(cm, kept + 1)
+    """tokens / cost on a recurrent target (policy_util.Recurrent: re-fed positions pile up)."""
+    tokens, cost, _ = text.run(policy, rounds, cm=cm, target=Recurrent(cm))
     return tokens / cost
 
 
