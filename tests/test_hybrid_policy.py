@@ -16,7 +16,7 @@ import pytest
 import tiny_hybrid
 from mlxspec.api import make_policy
 from mlxspec.cache import ModelState
-from mlxspec.cost_model import CostModel, expected_refed, merge_limit, predicted_speedup
+from mlxspec.cost_model import CostModel, expected_refed, expected_riding, merge_limit, predicted_speedup
 from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import Drafter, ModelDrafter, Proposal
 from mlxspec.recurrent import state_arrays
@@ -187,3 +187,35 @@ def test_auto_on_a_hybrid_in_the_real_loop(a, seed):
     else:
         assert not fallback and stats.refed_positions > 0
         assert stats.tokens_plain <= 1  # the last round, where max_tokens leaves no room to draft
+
+
+class Recorder(FixedK):
+    """k drafts a round, on `cost`, recording what the decoder reports for each pass."""
+
+    refeed = True
+
+    def __init__(self, k, cost):
+        super().__init__(k)
+        self.cost, self.reports = cost, []
+
+    def observe_refeed(self, riding):
+        self.reports.append(riding)
+
+
+def test_the_decoder_reports_what_rides_along_as_the_chain_predicts():
+    """What `auto` learns from (the re-fed positions riding along in each pass, as the
+    decoder reports them) and the stats' re-fed positions per pass, in the real loop
+    with rounds of 4 drafts kept with probability 0.5: the chain's figures."""
+    cm, a, k = costs(0.0, 0.1), 0.5, 4
+    target, prompt = tiny_hybrid.build("qwen3_5", layer_scale=0.5), [5, 6, 7, 8]
+    reference = list(prompt)
+    list(SpeculativeDecoder(target).generate(reference, max_tokens=620))
+    policy, stats = Recorder(k, cm), GenerationStats()
+    dec = SpeculativeDecoder(target, ScriptedDrafter(reference, a, seed=3), policy)
+    list(dec.generate(list(prompt), max_tokens=600, stats=stats))
+    assert dec.target.merge_limit == merge_limit(cm) == 5
+    riding, chain = np.mean(policy.reports), expected_riding(cm, a, k)
+    print(f"riding {riding:.2f} (chain {chain:.2f}), re-fed per pass {stats.refed_positions / stats.target_passes:.2f} "
+          f"(chain {expected_refed(cm, a, k):.2f})")
+    assert abs(riding - chain) < 0.15 * chain
+    assert abs(stats.refed_positions / stats.target_passes - expected_refed(cm, a, k)) < 0.15 * expected_refed(cm, a, k)
