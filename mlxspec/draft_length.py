@@ -39,7 +39,7 @@ long-run figure of the pile-up chain at the acceptance and draft length seen so
 far (cost_model.expected_riding).
 
 Fallback: if even the first draft of a round is not worth its cost (a < c + V(2) - 1,
-i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
+plus its re-feed risk on a recurrent target, i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
 an optimistic a, the upper end of its 80 % confidence interval, so that a few
 early rejections are not enough -- the round is a plain step.  While that holds, a probe round drafts
 anyway every `probe_wait` plain tokens (doubling after each probe that does not
