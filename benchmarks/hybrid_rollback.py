@@ -1,7 +1,7 @@
 """What a rejection costs on a hybrid (gated delta-net) target, and the speed-up that follows.
 
     python benchmarks/hybrid_rollback.py                 # Qwen3.5-0.8B text layout, random weights, float32
-    python benchmarks/hybrid_rollback.py --quick         # a small model: checks the script runs
+    python benchmarks/hybrid_rollback.py --quick         # a small model, 1 repeat, k=4: a smoke run (~1 min)
 
 The target is mlx_lm's qwen3_5 model with the Qwen3.5-0.8B text layout (24 layers,
 18 gated delta-net + 6 gated attention, 0.75 B parameters) and random weights, in
@@ -17,9 +17,14 @@ figure is the median with its range:
    mechanism, an eager extra pass over the j + 1 tokens right after the rejection.
 2. speculation with a drafter whose acceptance is set: an oracle that knows the
    target's greedy continuation and proposes a wrong token with probability 1 - a
-   (a = 0.5, 0.7, 0.9), costing nothing, against plain decoding; each measured
-   speed-up is printed beside the cost model's prediction
-   (`cost_model.predicted_speedup` with the calibrated verify costs, re-feed included).
+   (a = 0.5, 0.7, 0.9), costing nothing, against plain decoding, with fixed k
+   (--ks) and with `auto` (the per-token policy on the calibrated costs, re-feed
+   priced in); each fixed-k speed-up is printed beside the cost model's prediction
+   (`cost_model.predicted_speedup`: re-fed runs piling up over back-to-back
+   rejections, `refeed_chain`) and the previous one (one rejection's re-feed alone),
+   and the re-fed positions per pass beside the chain's (`expected_refed`); each
+   `auto` row says what it drafted (drafts per round, the share of plain tokens,
+   the most common lengths) and the chain's best fixed k at that acceptance.
 
 Writes every figure to --out (JSON).
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import platform
 import random
 import statistics
@@ -41,8 +47,9 @@ import mlxspec  # noqa: E402,F401  (sets up the MLX backend first)
 import mlx.core as mx  # noqa: E402
 
 from mlxspec.cache import ModelState  # noqa: E402
-from mlxspec.cost_model import calibrate, merge_limit, predicted_speedup  # noqa: E402
-from mlxspec.draft_length import FixedK, Round  # noqa: E402
+from mlxspec.cost_model import (calibrate, expected_refed, merge_limit, predicted_speedup,  # noqa: E402
+                                 refeed_cost)
+from mlxspec.draft_length import FixedK, PerToken, Round  # noqa: E402
 from mlxspec.recurrent import state_arrays  # noqa: E402
 from mlxspec.drafters import Drafter, Proposal  # noqa: E402
 from mlxspec.speculative import SpeculativeDecoder  # noqa: E402
@@ -171,6 +178,13 @@ class OracleDrafter(Drafter):
         return Proposal(out, None, [None] * len(out))
 
 
+def one_rejection_prediction(cm, a: float, k: int) -> float:
+    """The previous model: each rejection re-feeds only its own round's j + 1 positions."""
+    time = k * cm.draft_step + cm.verify_width(k + 1)
+    time += sum(a ** j * (1 - a) * refeed_cost(cm, j + 1) for j in range(k))
+    return sum(a ** i for i in range(k + 1)) / time
+
+
 def speedups(model, vocab: int, context: int, tokens: int, ks, accepts, repeats: int) -> dict:
     rng = random.Random(1)
     prompt = [rng.randrange(10, vocab) for _ in range(context)]
@@ -182,47 +196,69 @@ def speedups(model, vocab: int, context: int, tokens: int, ks, accepts, repeats:
     def run(name, drafter, k):
         stats = GenerationStats()
         h = list(prompt)
-        dec = SpeculativeDecoder(model, drafter, FixedK(k))
-        dec.target.merge_limit = merge_limit(cm)  # as `auto` would set it, and as the prediction assumes
+        if k == "auto":  # as the API builds it for a hybrid target (api.make_policy), on these costs
+            policy = PerToken(cm, min(12, drafter.max_k), lookup=True, model=False, refeed=True)
+        else:
+            policy = FixedK(k)
+        dec = SpeculativeDecoder(model, drafter, policy)
+        dec.target.merge_limit = merge_limit(cm)  # as `auto` sets it, and as the prediction assumes
         list(dec.generate(h, max_tokens=tokens, stats=stats))
         runs.setdefault(name, []).append({"tps": stats.generation_tps, "acceptance": stats.acceptance_rate,
                                           "refed": stats.refed_positions, "passes": stats.target_passes,
+                                          "lengths": stats.k_history, "plain_tokens": stats.tokens_plain,
+                                          "tokens": stats.generated_tokens, "notes": stats.notes,
                                           "identical": h == ref[: len(h)]})
 
     contenders = {"plain": lambda: run("plain", None, 0)}
     for a in accepts:
-        for k in ks:
-            contenders[f"a={a} k={k}"] = lambda a=a, k=k: run(f"a={a} k={k}", OracleDrafter(ref, a, vocab, seed=len(runs.get(f"a={a} k={k}", []))), k)
+        for k in list(ks) + ["auto"]:
+            name = f"a={a} k={k}" if k != "auto" else f"a={a} auto"
+            contenders[name] = lambda a=a, k=k, name=name: run(
+                name, OracleDrafter(ref, a, vocab, seed=len(runs.get(name, []))), k)
     interleaved(contenders, repeats)
     runs = {name: r[1:] for name, r in runs.items()}
     plain_tps = [r["tps"] for r in runs["plain"]]
     table = {}
     for a in accepts:
-        for k in ks:
-            rs = runs[f"a={a} k={k}"]
-            table[f"a={a} k={k}"] = {
+        for k in list(ks) + ["auto"]:
+            name = f"a={a} k={k}" if k != "auto" else f"a={a} auto"
+            rs = runs[name]
+            row = {
                 "speedup": spread([r["tps"] / p for r, p in zip(rs, plain_tps)]),
                 "acceptance": statistics.mean(r["acceptance"] for r in rs),
                 "identical_to_plain": all(r["identical"] for r in rs),
                 "refed_per_pass": statistics.mean(r["refed"] / r["passes"] for r in rs),
-                "predicted": predicted_speedup(cm, a, k, refeed=True),
-                "predicted_without_refeed": predicted_speedup(cm, a, k, refeed=False),
             }
+            if k == "auto":
+                lengths = [n for r in rs for n in r["lengths"]]
+                best = max(range(1, 13), key=lambda j: predicted_speedup(cm, a, j, refeed=True))
+                row.update({"drafts_per_round": statistics.mean(lengths),
+                            "plain_share": sum(r["plain_tokens"] for r in rs) / sum(r["tokens"] for r in rs),
+                            "lengths": dict(sorted(Counter(lengths).items())),
+                            "notes": sorted({n for r in rs for n in r["notes"]}),
+                            "best_fixed_k": best, "best_fixed_predicted": predicted_speedup(cm, a, best, refeed=True)})
+            else:
+                row.update({"refed_per_pass_predicted": expected_refed(cm, a, k),
+                            "predicted": predicted_speedup(cm, a, k, refeed=True),
+                            "predicted_one_rejection": one_rejection_prediction(cm, a, k),
+                            "predicted_without_refeed": predicted_speedup(cm, a, k, refeed=False)})
+            table[name] = row
     return {"cost_model": cm.to_dict(), "merge_limit": merge_limit(cm), "plain_tps": spread(plain_tps), "runs": table}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small model and short runs: checks the script works")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: a small model, short runs, 1 repeat, k=4 only (checks the script works)")
     ap.add_argument("--k", type=int, default=4, help="drafts per round in part 1")
-    ap.add_argument("--ks", default="2,4,6", help="draft lengths in part 2")
+    ap.add_argument("--ks", default=None, help="fixed draft lengths in part 2 (default 2,4,6; --quick 4)")
     ap.add_argument("--accepts", default="0.5,0.7,0.9")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3; --quick 1)")
     ap.add_argument("--context", type=int, default=256, help="prompt tokens before the timed rounds")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per run in part 2 (default 64; --quick 24)")
     ap.add_argument("--out", default="hybrid_rollback.json")
     o = ap.parse_args(argv)
-    repeats = o.repeats
+    repeats = o.repeats or (1 if o.quick else 3)
     tokens = o.tokens or (24 if o.quick else 64)
     context = 32 if o.quick and o.context == 256 else o.context
     model, cfg, n_params = build("quick" if o.quick else "full")
@@ -249,20 +285,31 @@ def main(argv=None):
     print(f"   (re-fed cost: the next pass's extra time for the j + 1 re-fed positions; eager pass: the "
           f"alternative extra pass; a fully accepted round and its next pass: {full / plain:.2f} plain steps)")
 
-    ks = [int(x) for x in o.ks.split(",")]
+    ks = [int(x) for x in (o.ks or ("4" if o.quick else "2,4,6")).split(",")]
     accepts = [float(x) for x in o.accepts.split(",")]
     part2 = speedups(model, vocab, context, tokens, ks, accepts, repeats)
     print(f"\n2. speed-up over plain decoding with a drafter kept with probability a (plain "
           f"{part2['plain_tps']['median']:.2f} tok/s); verify costs by width 1..9: "
           f"{json.dumps(part2['cost_model']['verify'][:9])}, re-fed positions ride along up to "
           f"{part2['merge_limit']}")
-    print(f"   {'run':<14}{'kept/drafted':>13}{'re-fed/pass':>13}{'measured':>22}{'predicted':>11}{'(no re-feed)':>14}"
-          "  identical")
+    print(f"   {'run':<14}{'kept/drafted':>13}{'re-fed/pass':>13}{'(chain)':>9}{'measured':>22}{'predicted':>11}"
+          f"{'(old: one rejection)':>22}{'(no re-feed)':>14}  identical")
     for name, r in part2["runs"].items():
         s = r["speedup"]
-        print(f"   {name:<14}{r['acceptance']:>13.2f}{r['refed_per_pass']:>13.2f}"
-              f"{s['median']:>10.2f} [{s['min']:.2f}-{s['max']:.2f}]{r['predicted']:>11.2f}"
-              f"{r['predicted_without_refeed']:>14.2f}  {r['identical_to_plain']}")
+        measured = f"{s['median']:>10.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+        if "predicted" in r:
+            print(f"   {name:<14}{r['acceptance']:>13.2f}{r['refed_per_pass']:>13.2f}"
+                  f"{r['refed_per_pass_predicted']:>9.2f}{measured:>22}{r['predicted']:>11.2f}"
+                  f"{r['predicted_one_rejection']:>22.2f}{r['predicted_without_refeed']:>14.2f}  {r['identical_to_plain']}")
+        else:
+            lengths = ", ".join(f"{n}: {c}" for n, c in sorted(r["lengths"].items(), key=lambda x: -x[1])[:4])
+            print(f"   {name:<14}{r['acceptance']:>13.2f}{r['refed_per_pass']:>13.2f}{'':>9}{measured:>22}"
+                  f"{'':>11}{'':>22}{'':>14}  {r['identical_to_plain']}")
+            print(f"   {'':<14}auto drafted {r['drafts_per_round']:.2f} per round, {100 * r['plain_share']:.0f} % of "
+                  f"tokens plain; lengths (length: rounds) {lengths}; the chain's best fixed k: "
+                  f"{r['best_fixed_k']} ({r['best_fixed_predicted']:.2f}x)")
+            for note in r["notes"]:
+                print(f"   {'':<14}note: {note}")
     Path(o.out).write_text(json.dumps({"layout": "quick" if o.quick else "Qwen3.5-0.8B", "params": n_params,
                                        "machine": platform.platform(), "k": o.k, "context": context,
                                        "part1": part1, "part2": part2}, indent=1))

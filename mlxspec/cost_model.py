@@ -72,21 +72,69 @@ def merge_limit(cm: CostModel) -> int:
     return max((r for r in range(17) if cm.verify_width(1 + r) - 1 <= MERGE_MAX_EXTRA), default=0)
 
 
-def refeed_cost(cm: CostModel, n: int) -> float:
-    """What re-feeding n positions after a rejection costs a recurrent target."""
-    return cm.verify_width(1 + n) - 1 if n <= merge_limit(cm) else cm.verify_width(n)
+def refeed_cost(cm: CostModel, n: float, width: int = 1) -> float:
+    """What re-feeding n positions after a rejection costs a recurrent target: the
+    extra width of the pass over `width` new positions they ride along in, or, beyond
+    `merge_limit`, a call of their own.  A fractional n (an expected count) interpolates."""
+    lo = int(n)
+    if n > lo:
+        return (lo + 1 - n) * refeed_cost(cm, lo, width) + (n - lo) * refeed_cost(cm, lo + 1, width)
+    if lo <= 0:
+        return 0.0
+    return cm.verify_width(width + lo) - cm.verify_width(width) if lo <= merge_limit(cm) else cm.verify_width(lo)
+
+
+def refeed_chain(cm: CostModel, acceptance: float, k: int) -> list[float]:
+    """The long-run share of verify passes that carry r = 0, 1, ... re-fed positions
+    (index r), for rounds of k drafts each kept with probability a (independently).
+
+    recurrent.py's mechanism: a round rejected after j kept drafts rolls back to the
+    checkpoint before its pass, so the next pass re-feeds what this one re-fed (b)
+    plus j + 1: r' = b + j + 1, where b = r while r <= L = merge_limit (the re-fed
+    positions rode along, no checkpoint after them) and b = 0 when r > L (they got a
+    call of their own and a checkpoint).  A fully accepted round leaves r' = 0.
+    Back-to-back rejections so pile up, up to L + k.  Solved exactly: with
+    q_j = a^j (1 - a) and beta(b) the share of passes whose rejection piles onto b,
+    pi(0) = a^k and pi(s) = sum_j q_j beta(s - j - 1); beta(b) = pi(b) for 1 <= b <= L
+    is linear in beta(0), fixed by the betas summing to 1."""
+    a, lim = acceptance, merge_limit(cm)
+    if k <= 0 or a >= 1:
+        return [1.0]
+    q = [a ** j * (1 - a) for j in range(k)]
+    u = [1.0]  # beta(b) / beta(0)
+    for s in range(1, lim + 1):
+        u.append(sum(q[j] * u[s - j - 1] for j in range(min(k, s))))
+    beta = [x / sum(u) for x in u]
+    pi = [a ** k] + [0.0] * (lim + k)
+    for b, mass in enumerate(beta):
+        for j in range(k):
+            pi[b + j + 1] += q[j] * mass
+    return pi
+
+
+def expected_refed(cm: CostModel, acceptance: float, k: int) -> float:
+    """Re-fed positions per verify pass in the long run (stats: refed_positions / target_passes)."""
+    return sum(r * p for r, p in enumerate(refeed_chain(cm, acceptance, k)))
+
+
+def expected_riding(cm: CostModel, acceptance: float, k: int) -> float:
+    """Re-fed positions riding along in a pass in the long run: what a rejection in
+    that pass re-feeds once more, on top of its own kept tokens."""
+    lim = merge_limit(cm)
+    return sum(r * p for r, p in enumerate(refeed_chain(cm, acceptance, k)) if r <= lim)
 
 
 def predicted_speedup(cm: CostModel, acceptance: float, k: int, refeed: bool = False) -> float:
     """Speed-up over plain decoding of rounds of k drafts, each kept with probability
     `acceptance` (independently), per this cost model.  `refeed`: a recurrent target
-    feeds a partly rejected round's kept positions again (recurrent.py): j + 1
-    positions after j kept and one rejected."""
+    re-feeds rejected rounds' kept positions (recurrent.py), r of them in a pass with
+    the long-run shares of `refeed_chain`: riding along, the pass is r positions
+    wider; beyond `merge_limit`, they are a call of their own."""
     a = acceptance
     tokens = sum(a ** i for i in range(k + 1))
     time = k * cm.draft_step + cm.verify_width(k + 1)
     if refeed:
-        time += sum(a ** j * (1 - a) * refeed_cost(cm, j + 1) for j in range(k))
+        time += sum(p * refeed_cost(cm, r, k + 1) for r, p in enumerate(refeed_chain(cm, a, k)))
     return tokens / time
 
 

@@ -28,13 +28,18 @@ so cost = c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately.
 No other knobs: the threshold follows from the pair's costs.
 
 A target with recurrent layers (hybrid / state-space models, recurrent.py) pays
-more for a rejection: its accepted positions are fed again in the next pass.
-Drafting token i + 1 when i are kept risks that with probability P_i * (1 - a),
-for i + 1 re-fed positions, so with `refeed` that expected cost
-P_i * (1 - a) * R(i + 1) is added to the token's cost (R: cost_model.refeed_cost).
+more for a rejection: its accepted positions are fed again in the next pass, and
+so are the re-fed positions that rode along in this one (back-to-back rejections
+pile up, cost_model.refeed_chain).  Drafting token i + 1 when i are kept risks that
+with probability P_i * (1 - a), for b + i + 1 re-fed positions, so with `refeed`
+that expected cost P_i * (1 - a) * R(b + i + 1) is added to the token's cost
+(R: cost_model.refeed_cost).  b, the re-fed positions riding along in a pass, is
+learnt from the passes the decoder reports (`observe_refeed`), starting from the
+long-run figure of the pile-up chain at the acceptance and draft length seen so
+far (cost_model.expected_riding).
 
 Fallback: if even the first draft of a round is not worth its cost (a < c + V(2) - 1,
-i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
+plus its re-feed risk on a recurrent target, i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
 an optimistic a, the upper end of its 80 % confidence interval, so that a few
 early rejections are not enough -- the round is a plain step.  While that holds, a probe round drafts
 anyway every `probe_wait` plain tokens (doubling after each probe that does not
@@ -105,7 +110,7 @@ class Round:
             return 0.0
         from .cost_model import refeed_cost
 
-        return self.p * (1 - a) * refeed_cost(pol.cost, self.kept + 1)
+        return self.p * (1 - a) * refeed_cost(pol.cost, pol.riding + self.kept + 1)
 
 
 class FixedK:
@@ -145,6 +150,9 @@ class PerToken:
         self.forced = False  # a probe: draft regardless of the rule
         self.plain_since, self.probe_wait, self.fallback = 0, PROBE_EVERY, False
         self.stats = None
+        self.riding = 0.0  # re-fed positions expected to ride along in a pass (refeed only)
+        self.piled = [0.0, 0.0]  # observed riding positions: decayed sum, weight
+        self.drafted = [0.0, 0.0]  # drafts per drafting round: decayed sum, weight
 
     def start(self, stats) -> None:
         self.stats = stats
@@ -176,8 +184,29 @@ class PerToken:
         """Could a first draft token be worth its cost, from any of the drafter's sources?"""
         return any(Round(self, 1).more(step, lookup) for step, lookup in self.sources)
 
+    def observe_refeed(self, riding: int) -> None:
+        """The decoder's report for a drafting round: `riding` re-fed positions ride
+        along in its pass (0 when they get a call of their own), so a rejection in it
+        re-feeds them once more."""
+        s = self.piled
+        s[0], s[1] = DECAY * s[0] + riding, DECAY * s[1] + 1
+
+    def expected_riding(self) -> float:
+        """The re-fed positions a pass carries, as observed, with the pile-up chain's
+        long-run figure (cost_model.expected_riding) as the prior."""
+        if not self.refeed:
+            return 0.0
+        from .cost_model import expected_riding
+
+        n, w = self.drafted
+        k = round(n / w) if w else 0
+        prior = expected_riding(self.cost, self.mean_acceptance(all(lk for _, lk in self.sources)), k)
+        s, seen = self.piled
+        return (PRIOR_WEIGHT * prior + s) / (PRIOR_WEIGHT + seen)
+
     def choose(self) -> int:
         self.forced = False
+        self.riding = self.expected_riding()
         if self.worth_drafting():
             if self.fallback:
                 self._note(f"resumed drafting after {self.stats.tokens_plain if self.stats else 0} plain tokens")
@@ -186,8 +215,15 @@ class PerToken:
         if not self.fallback:
             self.fallback, self.plain_since = True, 0
             c, a = self.cost, self.mean_acceptance(optimistic=True)
+            refeed = ""
+            if self.refeed:
+                from .cost_model import refeed_cost
+
+                refeed = (f" + {(1 - a) * refeed_cost(c, self.riding + 1):.2f} re-feed of ~{self.riding + 1:.1f} "
+                          "positions after a rejection")
             self._note(f"fallback: acceptance (at most {a:.2f}) is below the draft's cost ({c.draft_step:.2f} + "
-                       f"{c.extra(2):.2f} verify, in plain steps); plain decoding, probing after {self.probe_wait}+ tokens")
+                       f"{c.extra(2):.2f} verify{refeed}, in plain steps); plain decoding, probing after "
+                       f"{self.probe_wait}+ tokens")
         if self.plain_since >= self.probe_wait:
             self.forced, self.plain_since = True, 0
             self.probe_wait = min(2 * self.probe_wait, PROBE_MAX)
@@ -207,6 +243,9 @@ class PerToken:
         as a miss."""
         if rnd.k == 0:
             self.plain_since += 1
+        elif self.refeed:
+            d = self.drafted
+            d[0], d[1] = DECAY * d[0] + getattr(rnd, "kept", 0), DECAY * d[1] + 1
         if rnd.stop_reason == "confidence" and len(outcomes) == rnd.kept and all(k for _, k in outcomes):
             outcomes = outcomes + [("refused", False)]
         for conf, kept in outcomes:

@@ -1,64 +1,16 @@
 """The per-token draft-length policy against synthetic drafters (known costs, known
-acceptance by confidence), and its fallback in the real loop.
-
-A synthetic round: the draft's confidence for each next token is drawn from a
-distribution; the token is then kept by the target with probability
-`accept(confidence)`.  The policy sees only confidences and outcomes, as in the
-real loop; speed is E[tokens] / E[cost] with the cost model's own numbers, so
-these tests measure the rule, not a clock."""
+acceptance by confidence: policy_util.py), and its fallback in the real loop."""
 
 import numpy as np
 import pytest
 
 import tiny_models
-from mlxspec.cost_model import CostModel, assumed
+from mlxspec.cost_model import assumed
 from mlxspec.draft_length import FixedK, PerToken, Round
 from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
-
-
-def costs(draft_step, slope=0.06, width=17):
-    return CostModel(draft_step, [1 + slope * (w - 1) for w in range(1, width + 1)])
-
-
-class Text:
-    """Confidences of successive draft tokens and whether the target keeps them."""
-
-    def __init__(self, confidence, accept, seed=0):
-        self.confidence, self.accept = confidence, accept
-        self.rng = np.random.default_rng(seed)
-
-    def run(self, policy, rounds, stats=None):
-        """Drive `policy` for `rounds` rounds; returns (tokens, cost, drafted per round)."""
-        tokens = cost = 0.0
-        lengths = []
-        for _ in range(rounds):
-            k = policy.choose()
-            rnd = policy.round(k) if k else Round(None, 0)
-            confs = []
-            step = 0
-            while k and rnd.more():
-                step += 1
-                c = self.confidence(self.rng)
-                if not rnd.offer(c):
-                    break
-                confs.append(c)
-            kept = 0
-            while kept < len(confs) and self.rng.random() < self.accept(confs[kept]):
-                kept += 1
-            outcomes = list(zip(confs, [True] * kept + [False]))[: kept + 1]
-            policy.update(rnd, outcomes)
-            if stats is not None:
-                stats.record_round(len(confs), kept, kept + 1, rnd.stop_reason if k else "plain")
-            tokens += kept + 1
-            cost += policy_cost(policy).verify_width(len(confs) + 1) + policy_cost(policy).draft_step * step
-            lengths.append(len(confs))
-        return tokens, cost, lengths
-
-
-def policy_cost(policy):
-    return policy.cost if hasattr(policy, "cost") else policy.true_cost
+from policy_util import Text, costs, uniform
 
 
 def fixed(k, cm):
@@ -70,10 +22,6 @@ def fixed(k, cm):
 def speed(text_factory, policy, rounds=3000):
     tokens, cost, lengths = text_factory().run(policy, rounds)
     return tokens / cost, lengths
-
-
-def uniform(lo, hi):
-    return lambda rng: rng.uniform(lo, hi)
 
 
 CASES = {
