@@ -221,6 +221,80 @@ def test_api_and_session_refuse_a_bad_max_kv_size(tiny_pair, value):
 
 
 def test_the_api_passes_max_kv_size_to_both_caches(tiny_pair):
+    out = mlxspec.generate(tiny_pair, "tell me a long story", max_tokens=60, num_draft=3, max_kv_size=MIN_KV_SIZE)
+    ids = mlxspec.api.encode_prompt(tiny_pair.tokenizer, "tell me a long story")
+    assert out.tokens == mlx_lm_greedy(tiny_pair.target, ids, 60, MIN_KV_SIZE, set(tiny_pair.eos_token_ids))
+    assert out.stats.draft_accepted > 0
     dec = mlxspec.api.make_decoder(tiny_pair, max_kv_size=32)
     assert dec.target.max_kv_size == 32 and dec.drafter.state.max_kv_size == 32
     assert mlxspec.api.make_decoder(tiny_pair).target.max_kv_size is None
+
+
+def test_the_context_limit_stays_the_models():
+    """max_kv_size bounds memory only: a generation still stops at the model's context."""
+    target, draft = models("qwen2")
+    dec = SpeculativeDecoder(target, ModelDrafter(draft, max_kv_size=MIN_KV_SIZE), FixedK(3), context_length=48,
+                             max_kv_size=MIN_KV_SIZE)
+    stats, h = GenerationStats(), list(PROMPT)
+    got = [t for t, _ in dec.generate(h, max_tokens=100, stats=stats)]
+    assert stats.finish_reason == "context" and len(h) == 48
+    assert got == mlx_lm_greedy(target, PROMPT, len(got), MIN_KV_SIZE)
+
+
+@pytest.mark.real
+def test_generate_with_max_kv_size_on_smollm2_equals_mlx_lm():
+    """The CLI on a real model (llama: mlx-lm's make_prompt_cache would ignore N; mlxspec
+    bounds its attention layers all the same) against mlx-lm's token-by-token decoding."""
+    import json
+
+    from mlxspec import weights
+    from test_api_cli import run_cli
+
+    if not weights.is_present("smollm2-135m"):
+        pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2)")
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    r = run_cli("generate", "--model", "smollm2-135m", "--drafter", "lookup", "--num-draft", "3",
+                "--max-kv-size", "48", "-m", "100", "--ignore-chat-template", "-p", prompt, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    pair = mlxspec.load("smollm2-135m", no_draft=True)
+    ids = mlxspec.api.encode_prompt(pair.tokenizer, prompt, chat_template=False)
+    assert doc["tokens"] == mlx_lm_greedy(pair.target, ids, 100, 48, set(pair.eos_token_ids))
+    assert len(ids) + len(doc["tokens"]) > 2 * 48 and doc["stats"]["draft_accepted"] > 0
+
+
+def test_serve_with_max_kv_size(tiny_pair_dirs, tiny_pair, tmp_path):
+    """`serve --max-kv-size N`: a greedy reply past the window is mlx-lm's bounded decoding."""
+    from server_process import ServerProcess
+
+    t, d = tiny_pair_dirs
+    server = ServerProcess(tmp_path, "--model", str(t), "--draft", str(d), "--num-draft-tokens", "3",
+                           "--max-kv-size", str(MIN_KV_SIZE))
+    try:
+        messages = [{"role": "user", "content": "tell me a long story"}]
+        status, body, _ = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 60,
+                                                                "temperature": 0})
+        assert status == 200, body
+    finally:
+        server.stop()
+    want = mlxspec.generate(tiny_pair, messages, max_tokens=60, drafter="none", max_kv_size=MIN_KV_SIZE)
+    ids = mlxspec.api.encode_prompt(tiny_pair.tokenizer, messages)
+    assert want.tokens == mlx_lm_greedy(tiny_pair.target, ids, 60, MIN_KV_SIZE, set(tiny_pair.eos_token_ids))
+    assert body["choices"][0]["message"]["content"] == want.text
+    assert want.text != mlxspec.generate(tiny_pair, messages, max_tokens=60, drafter="none").text  # the flag matters
+    assert body["usage"]["completion_tokens"] == len(want.tokens) and len(ids) + len(want.tokens) > 2 * MIN_KV_SIZE
+
+
+def test_generate_cli_with_max_kv_size(tiny_pair_dirs, tiny_pair):
+    import json
+
+    from test_api_cli import run_cli
+
+    t, d = tiny_pair_dirs
+    r = run_cli("generate", "--model", str(t), "--draft", str(d), "--num-draft", "3", "--max-kv-size",
+                str(MIN_KV_SIZE), "-m", "60", "-p", "tell me a long story", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ids = mlxspec.api.encode_prompt(tiny_pair.tokenizer, "tell me a long story", chat_template=True)
+    assert doc["tokens"] == mlx_lm_greedy(tiny_pair.target, ids, 60, MIN_KV_SIZE, set(tiny_pair.eos_token_ids))
+    assert len(ids) + len(doc["tokens"]) > 2 * MIN_KV_SIZE
