@@ -42,23 +42,24 @@ class WindowKVCache(RotatingKVCache):
             raise ValueError(f"max_size must exceed keep ({keep}), got {max_size}")
         super().__init__(max_size=max_size, keep=keep)
 
-    def held_positions(self) -> list[int]:
+    def held_positions(self) -> mx.array:
         """The positions the cache holds, in the order a multi-position update
         lays them out before appending (RotatingKVCache._update_concat: temporal
         order, then trimmed to max_size - 1)."""
         if self.keys is None:
-            return []
+            return mx.arange(0)
         n = self.keys.shape[2] if self._idx == self.keys.shape[2] or self._idx < self.offset else self._idx
         n = min(n, self.max_size - 1)
         if n >= self.offset:
-            return list(range(self.offset))
-        return list(range(self.keep)) + list(range(self.offset - (n - self.keep), self.offset))
+            return mx.arange(self.offset)
+        return mx.concatenate([mx.arange(self.keep), mx.arange(self.offset - (n - self.keep), self.offset)])
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False):
         if N == 1 or window_size is not None:
             return super().make_mask(N, window_size=window_size, return_array=return_array)
-        cols = mx.array(self.held_positions() + list(range(self.offset, self.offset + N)))[None]
-        rows = mx.arange(self.offset, self.offset + N)[:, None]
+        rows = mx.arange(self.offset, self.offset + N)
+        cols = mx.concatenate([self.held_positions(), rows])[None]
+        rows = rows[:, None]
         return (cols <= rows) & ((cols < self.keep) | (rows - cols < self.max_size - self.keep))
 
 

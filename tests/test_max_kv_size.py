@@ -108,6 +108,26 @@ def test_greedy_equals_mlx_lm_rotating_cache(arch, kind, k, size):
         assert_bounded(dec.drafter.state, size)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_any_grouping_of_positions_gives_token_by_token_logits(seed):
+    """Positions fed in random groups (1 to 17 at a time: plain steps, verify passes, prefill
+    chunks, in any order) through WindowKVCache give the logits of mlx-lm's token-by-token
+    RotatingKVCache at every position."""
+    import numpy as np
+
+    target, _ = models("qwen2")
+    rng = np.random.default_rng(seed)
+    tokens = [int(t) for t in rng.integers(5, 299, 110)]
+    ref_cache = [RotatingKVCache(MIN_KV_SIZE, keep=4) for _ in target.layers]
+    want = mx.concatenate([target(mx.array([[t]]), cache=ref_cache)[0] for t in tokens])
+    cache, got, i = [WindowKVCache(MIN_KV_SIZE) for _ in target.layers], [], 0
+    while i < len(tokens):
+        n = int(rng.choice([1, 1, 2, 4, 17]))
+        got.append(target(mx.array([tokens[i: i + n]]), cache=cache)[0])
+        i += n
+    assert mx.abs(mx.concatenate(got) - want).max().item() < 1e-4
+
+
 def test_mlx_lm_generate_step_with_max_kv_size_is_the_reference():
     """For a model without its own cache list (qwen2), mlx-lm's generate_step(max_kv_size=N)
     is the same decoding as the reference loop above."""
