@@ -3,7 +3,8 @@ greedy speculative output equals mlx-lm's own token-by-token decoding of the sam
 target with `RotatingKVCache(N, keep=4)` -- for a draft model, prompt lookup and
 layer skipping, k in {1, 3, auto}, generations that wrap the window several times
 (so rejected drafts are rolled back through checkpoints, not trims) -- while the
-caches stay bounded.  Two controls show the comparison can fail: mlx-lm's own mask
+caches stay bounded; any grouping of positions into passes gives mlx-lm's
+token-by-token logits.  Two controls show the comparison can fail: mlx-lm's own mask
 for a multi-position pass, and a rollback that trims a wrapped window instead of
 restoring its checkpoint.  Trees fall back to chains with a note; a Session's
 second turn after the window wrapped processes only the new message and still
