@@ -126,14 +126,16 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0, draft_vocab=None) -> Drafter:
+def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0, draft_vocab=None,
+                 max_kv_size: int | None = None) -> Drafter:
     """'model' (the pair's draft, the default when there is one), 'hybrid' (prompt
     lookup, then the draft model), 'lookup' (prompt lookup), 'layerskip'
-    (self-speculation), 'none', or a Drafter.  `draft_vocab`: the draft head's
-    vocabulary subset size (None: the default; 'full': the whole vocabulary)."""
+    (self-speculation), 'none', or a Drafter (used as it is).  `draft_vocab`: the draft
+    head's vocabulary subset size (None: the default; 'full': the whole vocabulary).
+    `max_kv_size`: bound a draft model's KV cache as the target's (kv_window.py)."""
     if isinstance(drafter, Drafter):
         return drafter
-    check_all(p_min=p_min, draft_vocab=draft_vocab)
+    check_all(p_min=p_min, draft_vocab=draft_vocab, max_kv_size=max_kv_size)
     if drafter is None:
         drafter = "model" if pair.draft is not None else "none"
     if drafter == "none":
@@ -141,7 +143,7 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
     if drafter in ("model", "hybrid"):
         if pair.draft is None:
             raise MlxspecError("no draft model loaded: pass --draft MODEL, or use --no-draft")
-        d = ModelDrafter(pair.draft, p_min=p_min, subset=make_subset(pair, draft_vocab))
+        d = ModelDrafter(pair.draft, p_min=p_min, subset=make_subset(pair, draft_vocab), max_kv_size=max_kv_size)
         d.relative_cost = parameter_count(pair.draft) / parameter_count(pair.target)
         if drafter == "hybrid":
             from .drafters import PromptLookupDrafter
@@ -150,7 +152,7 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
             return HybridDrafter(PromptLookupDrafter(), d)
         return d
     check_drafter(drafter)  # the CLI's rule (options.py): "unknown drafter ...: choose one of ..."
-    return DRAFTERS[drafter](pair, p_min=p_min)
+    return DRAFTERS[drafter](pair, p_min=p_min, max_kv_size=max_kv_size)
 
 
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
@@ -181,14 +183,18 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
 
 
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
-                 num_draft_max=None, cost=None, tree: bool | None = None) -> SpeculativeDecoder:
+                 num_draft_max=None, cost=None, tree: bool | None = None,
+                 max_kv_size: int | None = None) -> SpeculativeDecoder:
     """`tree`: None (the default) verifies draft trees where the pair supports them
     (tree_round.py; their size follows the cost model, so they stay chains where
-    width does not pay), False verifies chains."""
-    d = make_drafter(pair, drafter, p_min, draft_vocab)
+    width does not pay), False verifies chains.  `max_kv_size`: bound the target's
+    and the draft's KV caches to that many positions (mlx-lm's --max-kv-size: the
+    first 4 and the latest ones; kv_window.py); the context limit stays the model's."""
+    check_all(max_kv_size=max_kv_size)
+    d = make_drafter(pair, drafter, p_min, draft_vocab, max_kv_size)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
     return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
-                              _target_name(pair), tree=tree)
+                              _target_name(pair), tree=tree, max_kv_size=max_kv_size)
 
 
 def _target_name(pair) -> str:
@@ -252,15 +258,16 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
                     draft_vocab=None, num_draft_max=None, tree: bool | None = None,
-                    **sampling) -> GenerationStream:
+                    max_kv_size: int | None = None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
-    repetition_penalty, repetition_context_size, seed.  `tree`: see make_decoder."""
+    repetition_penalty, repetition_context_size, seed.  `tree`, `max_kv_size`: see
+    make_decoder (a `decoder` given keeps its own)."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
-              draft_vocab=draft_vocab)  # options.py's rules, as the CLI's: one line, before any work
+              draft_vocab=draft_vocab, max_kv_size=max_kv_size)  # options.py's rules, as the CLI's: one line
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
-                                      num_draft_max=num_draft_max, tree=tree)
+                                      num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

@@ -19,6 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from . import progress
 from .errors import MlxspecError
+from .kv_window import bounded
 from .recurrent import Checkpoints, cached_positions, roll_back, rollback_problem, split_point, state_arrays
 
 PREFILL_STEP = 512
@@ -48,8 +49,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ModelState:
-    def __init__(self, model):
+    def __init__(self, model, max_kv_size: int | None = None):
         self.model = model
+        self.max_kv_size = max_kv_size  # None: full KV caches; N: attention bounded to N positions (kv_window.py)
         self.positions = 0  # forward positions computed, for tests and stats
         self.refed = 0  # of which fed again after a recurrent rollback (recurrent.py)
         self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
@@ -113,7 +115,7 @@ class ModelState:
         return pending
 
     def reset(self):
-        self.cache = make_prompt_cache(self.model)
+        self.cache = bounded(make_prompt_cache(self.model), self.max_kv_size)
         self.tokens: list[int] = []
         self.fed = 0  # positions the cache holds; more than len(tokens) only mid-step
         self.known = 0  # the last synced history's length: positions below it are settled

@@ -20,8 +20,8 @@ import unicodedata
 import click
 
 from .errors import MlxspecError
-from .options import (NUM_DRAFT_HELP, _drafter_option, check, max_tokens_option, model_options, sampling_kwargs,
-                      sampling_options, typed)
+from .options import (NUM_DRAFT_HELP, _drafter_option, check, max_kv_size_option, max_tokens_option, model_options,
+                      sampling_kwargs, sampling_options, typed)
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -174,6 +174,8 @@ class Chat:
                     raise MlxspecError("usage: /draft on|off")
                 out(f"[drafting {'on' if s.drafting else 'off'}]")
             elif name == "/system":
+                if arg not in ("", "-") and not s.chat_template:
+                    raise MlxspecError("/system needs the chat template (restart without --ignore-chat-template)")
                 if not arg:
                     out(f"[system prompt: {s.system!r}]" if s.system else "[no system prompt]")
                 else:
@@ -240,8 +242,13 @@ class Chat:
                    "draft model) | layerskip | none.")
 @click.option("--tree/--no-tree", "tree", default=None,
               help="Verify draft trees (the default where the models support them) or single chains.")
+@max_kv_size_option
+@click.option("--ignore-chat-template", is_flag=True,
+              help="No chat template: each message is fed as raw text continuing the conversation so far "
+                   "(the way to chat with a base model; a model without a template otherwise gets a plain "
+                   "'User:/Assistant:' transcript).")
 def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, drafter, tree,
-         **opts):
+         max_kv_size, ignore_chat_template, **opts):
     """Interactive chat in the terminal."""
     from .backend import describe
     from .loading import load
@@ -249,11 +256,15 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
 
     if pair_dir and model:
         raise click.UsageError("give --pair DIR or --model, not both")
+    if ignore_chat_template and system is not None:
+        raise click.BadParameter("needs the chat template (drop --ignore-chat-template)",
+                                 param_hint="'--system-prompt'")
     uses_draft_model = drafter in (None, "model", "hybrid") or draft is not None
     pair = load(pair_dir or model, draft, no_draft=no_draft or not uses_draft_model)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
-                          drafter="none" if no_draft else drafter, tree=tree, **sampling_kwargs(opts))
+                          drafter="none" if no_draft else drafter, tree=tree, max_kv_size=max_kv_size,
+                          chat_template=not ignore_chat_template, **sampling_kwargs(opts))
     except ValueError as e:
         raise MlxspecError(str(e)) from e
     try:
@@ -261,7 +272,10 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
     except ImportError:
         pass
     out(f"[{pair.describe()}; {describe()}]")
-    if not getattr(pair.tokenizer, "chat_template", None):
-        out("[this model has no chat template: using a plain 'User:/Assistant:' transcript]")
+    if ignore_chat_template:
+        out("[--ignore-chat-template: each message is fed as raw text, exactly as typed, continuing the conversation]")
+    elif not getattr(pair.tokenizer, "chat_template", None):
+        out("[this model has no chat template: using a plain 'User:/Assistant:' transcript "
+            "(--ignore-chat-template feeds your messages as raw text instead)]")
     out("[/help for commands, Ctrl-C stops a reply, Ctrl-D quits]")
     Chat(session, show_draft=show_draft).run()

@@ -13,7 +13,7 @@ as the target).  A drafter that proposes deterministically returns q=None.
   its layers skipped, sharing its weights.
 
 `api.make_drafter(pair, name)` looks names up in `DRAFTERS` (name -> factory
-taking the pair and p_min); nothing else in this module is reachable by name.
+taking the pair, p_min and max_kv_size); nothing else in this module is reachable by name.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ class ModelDrafter(Drafter):
     relative_cost = 0.3  # api.make_drafter sets the pair's parameter ratio
     uses_draft_model = True
 
-    def __init__(self, model, p_min: float = 0.0, subset=None):
+    def __init__(self, model, p_min: float = 0.0, subset=None, max_kv_size: int | None = None):
         self.subset = subset  # vocab_subset.SubsetHead or None
-        self.state = ModelState(subset.model if subset is not None else model)
+        self.state = ModelState(subset.model if subset is not None else model, max_kv_size)
         self.p_min = p_min
         self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}"
 
@@ -215,9 +215,10 @@ class PromptLookupDrafter(Drafter):
         return Proposal(out[:kept], None, [None] * kept) if kept else EMPTY
 
 
-def make_lookup(pair, p_min: float = 0.0, max_ngram: int = 3, min_ngram: int = 2) -> PromptLookupDrafter:
+def make_lookup(pair, p_min: float = 0.0, max_ngram: int = 3, min_ngram: int = 2,
+                max_kv_size: int | None = None) -> PromptLookupDrafter:
     """`--drafter lookup`: prompt lookup; needs no draft model (and proposes
-    deterministically, so `p_min` does not apply)."""
+    deterministically, so `p_min` does not apply) and keeps no KV cache."""
     return PromptLookupDrafter(max_ngram, min_ngram)
 
 
@@ -308,16 +309,20 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layer-skip"
 
-    def __init__(self, target_model, keep=None, layout: str = "middle", p_min: float = 0.0):
+    def __init__(self, target_model, keep=None, layout: str = "middle", p_min: float = 0.0,
+                 max_kv_size: int | None = None):
         n = len(getattr(getattr(target_model, "model", None), "layers", None) or [None])
-        super().__init__(LayerSkipModel(target_model, keep if keep is not None else skip_layout(n, layout)), p_min)
+        super().__init__(LayerSkipModel(target_model, keep if keep is not None else skip_layout(n, layout)), p_min,
+                         max_kv_size=max_kv_size)
         self.name = f"layer-skip({len(self.state.model.keep)}/{n} layers)"
         self.relative_cost = len(self.state.model.keep) / n
 
 
-def make_layerskip(pair, p_min: float = 0.0, layout: str = "middle") -> LayerSkipDrafter:
-    """`--drafter layerskip`: self-speculation with the target's own layers."""
-    return LayerSkipDrafter(pair.target, layout=layout, p_min=p_min)
+def make_layerskip(pair, p_min: float = 0.0, layout: str = "middle",
+                   max_kv_size: int | None = None) -> LayerSkipDrafter:
+    """`--drafter layerskip`: self-speculation with the target's own layers (its own
+    KV cache, bounded like the target's by `max_kv_size`)."""
+    return LayerSkipDrafter(pair.target, layout=layout, p_min=p_min, max_kv_size=max_kv_size)
 
 
 # The drafters `--drafter NAME` / `make_drafter(pair, NAME)` can build besides "model" and "none".

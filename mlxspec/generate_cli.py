@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from .options import (draft_options, max_tokens_option, model_options, sampling_kwargs,  # noqa: F401
-                      sampling_options, typed)
+from .options import (draft_options, max_kv_size_option, max_tokens_option, model_options,  # noqa: F401
+                      sampling_kwargs, sampling_options, typed)
 
 INTERRUPTED = 130
 
@@ -53,6 +53,7 @@ def mx_peak_gb() -> float:
 @max_tokens_option(256)
 @sampling_options
 @draft_options
+@max_kv_size_option
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
 @click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only).")
 @click.option("--show-prompt", is_flag=True, help="Print the prompt as the model sees it (template applied) to stderr.")
@@ -64,8 +65,8 @@ def mx_peak_gb() -> float:
               help="With --compare: timed runs of each side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
-             draft_vocab, tree, ignore_chat_template, system, show_prompt, verbose, compare, compare_repeats, as_json,
-             **opts):
+             draft_vocab, tree, max_kv_size, ignore_chat_template, system, show_prompt, verbose, compare,
+             compare_repeats, as_json, **opts):
     """Generate text from a prompt, speculatively."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -83,7 +84,7 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
     needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
     pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
     decoder_kw = dict(drafter="none" if no_draft else drafter, num_draft=num_draft, p_min=draft_p_min,
-                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
+                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size)
     sampling = sampling_kwargs(opts)
     stream, interrupted, ids = None, False, []
     try:

@@ -14,7 +14,8 @@ as a usage error (exit 2) in the same words under the option's name:
 
 Names are the Python API's keywords (`top_p`); the CLI spells them `--top-p`.
 The shared click options (`model_options`, `sampling_options`, `draft_options`,
-`max_tokens_option`) live here too, so `generate`, `chat` and `bench` agree.
+`max_tokens_option`, `max_kv_size_option`) live here too, so `generate`, `chat`,
+`serve` and `bench` agree.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import click
 from .errors import MlxspecError
 
 MAX_NUM_DRAFT = 16
+KV_KEEP = 4  # positions a bounded KV cache always keeps (kv_window.KEEP, mlx-lm's)
+# --max-kv-size: the kept positions plus a window that holds at least one whole verify
+# pass (the pending token and MAX_NUM_DRAFT drafts); smaller windows are typos, not settings
+MIN_KV_SIZE = KV_KEEP + 1 + MAX_NUM_DRAFT
 
 
 class BadValue(MlxspecError, ValueError):
@@ -97,6 +102,7 @@ RULES = {
     "p_min": Rule(float, 0, 1),
     "draft_vocab": Rule(int, 0, words="(0 = the whole vocabulary)", keywords=("full",)),
     "context": Rule(int, 1),
+    "max_kv_size": Rule(int, MIN_KV_SIZE, words=f"(KV cache positions: the first {KV_KEEP} and the latest ones)"),
     "budget": Rule(float, 0, low_open=True, words="(GiB)"),
     "repeats": Rule(int, 1),
 }
@@ -233,6 +239,17 @@ def draft_options(f):
     f = click.option("--num-draft", "--num-draft-tokens", "num_draft", type=typed("num_draft"), default=None,
                      help=NUM_DRAFT_HELP + " (--num-draft-tokens: mlx-lm's spelling)")(f)
     return f
+
+
+MAX_KV_SIZE_HELP = ("Bound each attention layer's KV cache to N positions, the first 4 and the latest ones "
+                    "(mlx-lm's --max-kv-size): memory stays flat however long the text grows; the limit on "
+                    "tokens is still the model's context.  Rounds verify chains (token trees need a full cache).")
+
+
+def max_kv_size_option(f):
+    """--max-kv-size, shared by generate, chat and serve."""
+    return click.option("--max-kv-size", "max_kv_size", type=typed("max_kv_size"), default=None,
+                        help=MAX_KV_SIZE_HELP)(f)
 
 
 def max_tokens_option(default: int, help: str = "Most tokens to generate."):

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 import click
 
 from .errors import MlxspecError
-from .options import draft_options, max_tokens_option, model_options, sampling_kwargs, sampling_options
+from .options import (draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs,
+                      sampling_options)
 from .server_engine import Engine, Job, QueueFull
 from .server_requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
 from .server_stream import SSE_DONE, Shapes, openai_finish, sse
@@ -278,6 +279,7 @@ def chat_page() -> bytes:
 @click.argument("pair_arg", metavar="[PAIR]", required=False)
 @model_options
 @draft_options
+@max_kv_size_option
 @sampling_options
 @max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -291,8 +293,8 @@ def chat_page() -> bytes:
               help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
-          draft_p_min, draft_vocab, tree, max_tokens, host, port, api_key, insecure, max_queue, max_request_bytes,
-          verbose, **opts):
+          draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, insecure, max_queue,
+          max_request_bytes, verbose, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from .api import make_decoder
     from .loading import load, model_name
@@ -315,7 +317,8 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         needs_draft = drafter in (None, "model", "hybrid") or draft is not None
         pair = load(spec, draft, no_draft=no_draft or not needs_draft)
         decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
-                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree)
+                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree,
+                               max_kv_size=max_kv_size)
         name = model_name(pair.target_path, pair.target_config)
         httpd.engine = Engine(pair, decoder, num_draft, max_queue)
         httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens

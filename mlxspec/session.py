@@ -58,13 +58,14 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from .api import Chunk, GenerationStream, apply_chat_template
+from . import session_prompt
+from .api import Chunk, GenerationStream
 from .draft_length import FixedK
 from .drafters import Drafter
 from .errors import MlxspecError
 from .sampling import SamplingParams
 from .session_drafting import Drafting
-from .session_options import check_options, sampling_params
+from .session_options import NO_TEMPLATE_SYSTEM, SessionSettingError, check_options, sampling_params
 from .session_file import load_session, session_to_dict, write_session_file
 from .session_stats import SessionStats, mean_accepted_length  # noqa: F401  (public names of this module)
 from .session_stream import Reply, SessionStream  # noqa: F401
@@ -84,7 +85,8 @@ class Session:
     def __init__(self, pair=None, *, model=None, draft=None, no_draft: bool = False, drafter=None,
                  drafting: bool | None = None, system: str | None = None, max_tokens: int = 512,
                  num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None,
-                 draft_model=None, tree: bool | None = None, **sampling_kw):
+                 draft_model=None, tree: bool | None = None, max_kv_size: int | None = None,
+                 chat_template: bool = True, **sampling_kw):
         """`pair`: a loaded `mlxspec.Pair`; or `model` and `draft` (a draft MODEL, as in
         `mlxspec.load`; a catalog target brings its catalog partner) to load one.
         `drafter`: what drafts while drafting is on: 'model' (the default when the
@@ -93,8 +95,11 @@ class Session:
         (default: on when there is a drafter).  `sampling`: a SamplingParams, or
         keyword arguments temp, top_p, top_k, min_p, repetition_penalty,
         repetition_context_size, seed.  `tree`: None (default) verifies draft trees
-        where the pair supports them, False verifies chains.  Every value is checked here: a bad one is a
-        one-line MlxspecError before anything is loaded."""
+        where the pair supports them, False verifies chains.  `max_kv_size`: bound the KV
+        caches to that many positions (mlx-lm's --max-kv-size; the context limit stays
+        the model's).  `chat_template=False`: no template, each message's raw text
+        continues the conversation (session_prompt.py; no system prompt then).  Every
+        value is checked here: a bad one is a one-line MlxspecError before anything is loaded."""
         if isinstance(draft, bool):  # the old meaning of draft=: on/off
             warnings.warn("Session(draft=True/False) is now Session(drafting=True/False); draft= names a "
                           "draft model", DeprecationWarning, stacklevel=2)
@@ -103,7 +108,8 @@ class Session:
             warnings.warn("Session(draft_model=...) is now Session(draft=...)", DeprecationWarning, stacklevel=2)
             draft = draft if draft is not None else draft_model
         check_options(pair=pair, model=model, draft=draft, max_tokens=max_tokens, num_draft=num_draft,
-                      p_min=p_min, on_cancel=on_cancel, system=system, drafting=drafting)
+                      p_min=p_min, on_cancel=on_cancel, system=system, drafting=drafting, max_kv_size=max_kv_size,
+                      chat_template=chat_template)
         params = sampling_params(sampling, sampling_kw)
         if pair is None:
             from .loading import load
@@ -120,8 +126,10 @@ class Session:
         self._active: SessionStream | None = None
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
         self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size,
-                                          tree=tree)
-        self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min)
+                                          tree=tree, max_kv_size=max_kv_size)
+        self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min, max_kv_size)
+        self.max_kv_size = max_kv_size
+        self.chat_template = chat_template
         if drafting is None:
             drafting = self._drafting.available
         if drafting:
@@ -220,6 +228,8 @@ class Session:
     def system(self, text: str | None):
         """Change the system prompt of the whole conversation (the next turn then
         processes the conversation again, since its very start changed)."""
+        if text and not self.chat_template:
+            raise SessionSettingError(NO_TEMPLATE_SYSTEM)
         with self._exclusive("change the system prompt"):
             self._system = text or None
 
@@ -283,24 +293,15 @@ class Session:
     def render(self, messages: list[dict]) -> str:
         """The prompt text for `messages` (chat template, generation prompt added).
         A template that raises gives a one-line `ChatTemplateError` (an MlxspecError)."""
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            return apply_chat_template(tok, messages, tokenize=False)
-        # No chat template: a plain transcript the model can continue.
-        bos = getattr(tok, "bos_token", None) or ""
-        body = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
-        return f"{bos}{body}Assistant:"
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return session_prompt.render(self.tokenizer, messages)
 
     def build_prompt(self, user_text: str) -> tuple[str, list[int]]:
-        """(prompt text, prompt tokens) for the next turn.  The tokens start with
-        the conversation's exact token history when the template text extends it."""
-        text = self.render(self.conversation() + [{"role": "user", "content": user_text}])
-        if self._tokens and text.startswith(self._token_text):
-            return text, self._tokens + self._encode(text[len(self._token_text):])
-        return text, self._encode(text)
+        """(prompt text, prompt tokens) for the next turn (session_prompt.py).  The tokens
+        start with the conversation's exact token history when the new text extends it."""
+        if not self.chat_template:
+            return session_prompt.raw(self.tokenizer, user_text, self._tokens, self._token_text)
+        messages = self.conversation() + [{"role": "user", "content": user_text}]
+        return session_prompt.templated(self.tokenizer, messages, self._tokens, self._token_text)
 
     def stream(self, text: str, *, max_tokens: int | None = None,
                on_chunk: Callable[[Chunk], None] | None = None) -> SessionStream:

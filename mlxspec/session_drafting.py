@@ -16,7 +16,8 @@ from .options import check_drafter
 
 
 class Drafting:
-    def __init__(self, pair, decoder, drafter=None, num_draft=None, p_min: float = 0.0):
+    def __init__(self, pair, decoder, drafter=None, num_draft=None, p_min: float = 0.0,
+                 max_kv_size: int | None = None):
         if drafter is None:
             drafter = "model" if pair.draft is not None else "none"
         if isinstance(drafter, str) and drafter in ("model", "hybrid") and pair.draft is None:
@@ -24,6 +25,7 @@ class Drafting:
                                "drafter='lookup' (prompt n-grams, no draft model)")
         self.pair, self.decoder = pair, decoder
         self.num_draft, self.p_min = num_draft, p_min
+        self.max_kv_size = max_kv_size  # a draft model's KV cache is bounded as the target's
         if not isinstance(drafter, Drafter):
             check_drafter(drafter)  # the CLI's rule (options.py)
         self.name = drafter.name if isinstance(drafter, Drafter) else drafter
@@ -43,7 +45,7 @@ class Drafting:
                 raise MlxspecError("nothing to draft with: no draft model is loaded (create the Session with "
                                    "draft=MODEL, or drafter='lookup' to draft from the conversation itself)")
             if self._drafter is None:
-                self._drafter = make_drafter(self.pair, self._choice, self.p_min)
+                self._drafter = make_drafter(self.pair, self._choice, self.p_min, max_kv_size=self.max_kv_size)
             self._spec = (self._drafter, make_policy(self.num_draft, self._drafter, self.pair))
         self.decoder.use(*(self._spec if on else self._plain))
         self.on = on

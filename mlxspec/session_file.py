@@ -54,6 +54,8 @@ def session_to_dict(session) -> dict:
             "num_draft": session.num_draft,
             "p_min": session._drafting.p_min,
             "on_cancel": session.on_cancel,
+            "max_kv_size": session.max_kv_size,
+            "chat_template": session.chat_template,
         },
         "tokens": session.tokens,
         "token_text": session._token_text,
@@ -180,6 +182,12 @@ def _check_settings(c: _Checker, settings) -> dict:
         if v not in ("keep", "drop"):
             c.got("settings.on_cancel", "\"keep\" or \"drop\"", v)
         kw["on_cancel"] = v
+    if (v := c.get(settings, "max_kv_size", "settings.max_kv_size")) is not _MISSING:
+        kw["max_kv_size"] = c.setting(v, "settings.max_kv_size", "max_kv_size", nullable=True)
+    if (v := c.get(settings, "chat_template", "settings.chat_template")) is not _MISSING:
+        if not isinstance(v, bool):
+            c.got("settings.chat_template", "true or false", v)
+        kw["chat_template"] = v
     return kw
 
 

@@ -12,6 +12,7 @@ from .options import check
 from .sampling import SamplingParams
 
 ON_CANCEL = ("keep", "drop")
+NO_TEMPLATE_SYSTEM = "system needs the chat template (drop chat_template=False)"  # as generate's --system-prompt
 _UNSET = object()
 
 
@@ -20,14 +21,16 @@ class SessionSettingError(MlxspecError, ValueError):
 
 
 def check_options(*, pair=None, model=_UNSET, draft=_UNSET, max_tokens=_UNSET, num_draft=_UNSET, p_min=_UNSET,
-                  on_cancel=_UNSET, system=_UNSET, drafting=_UNSET) -> None:
+                  on_cancel=_UNSET, system=_UNSET, drafting=_UNSET, max_kv_size=_UNSET,
+                  chat_template=_UNSET) -> None:
     """Raise a one-line MlxspecError (also a ValueError) for the first bad value among
     those given; numbers by options.py's rules, the CLI's."""
     if pair is not None and (model not in (_UNSET, None) or draft not in (_UNSET, None)):
         raise SessionSettingError("give a loaded pair or model=/draft=, not both")
     if max_tokens is None:
         raise SessionSettingError("max_tokens must be a whole number >= 1, got None")
-    for name, value in (("max_tokens", max_tokens), ("num_draft", num_draft), ("p_min", p_min)):
+    for name, value in (("max_tokens", max_tokens), ("num_draft", num_draft), ("p_min", p_min),
+                        ("max_kv_size", max_kv_size)):
         if value is not _UNSET:
             check(name, value)
     if on_cancel is not _UNSET and on_cancel not in ON_CANCEL:
@@ -36,6 +39,10 @@ def check_options(*, pair=None, model=_UNSET, draft=_UNSET, max_tokens=_UNSET, n
         raise SessionSettingError(f"system must be text or None, got {type(system).__name__}")
     if drafting is not _UNSET and drafting is not None and not isinstance(drafting, bool):
         raise SessionSettingError(f"drafting must be True or False, got {drafting!r}")
+    if chat_template is not _UNSET and not isinstance(chat_template, bool):
+        raise SessionSettingError(f"chat_template must be True or False, got {chat_template!r}")
+    if chat_template is False and system not in (_UNSET, None, ""):
+        raise SessionSettingError(NO_TEMPLATE_SYSTEM)
 
 
 def sampling_params(base, changes: dict) -> SamplingParams:

@@ -49,10 +49,13 @@ class SpeculativeDecoder:
 
     def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
                  context_length: int | None = None, vocab_size: int | None = None,
-                 target_name: str = "the target model", tree: bool | None = None):
+                 target_name: str = "the target model", tree: bool | None = None,
+                 max_kv_size: int | None = None):
         """`vocab_size`: ids the caller's models can all embed (`Pair.vocab_size`);
-        the decoder also never accepts more than its target and drafter embed."""
-        self.target = ModelState(target_model)
+        the decoder also never accepts more than its target and drafter embed.
+        `max_kv_size`: bound the target's KV cache to that many positions (kv_window.py;
+        the drafter bounds its own, see api.make_drafter)."""
+        self.target = ModelState(target_model, max_kv_size)
         self.vocab_size = vocab_size
         self.target_name = target_name
         drafter = drafter or Drafter()
@@ -82,7 +85,7 @@ class SpeculativeDecoder:
             return None
         if self._tree_for != (self.drafter, self.policy):  # Session and serve swap them
             self._tree_for = (self.drafter, self.policy)
-            self._tree_why = tree_unsupported(self.target.model, self.drafter, self.policy)
+            self._tree_why = tree_unsupported(self.target, self.drafter, self.policy)
         return self._tree_why
 
     @property
@@ -139,7 +142,7 @@ class SpeculativeDecoder:
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
         trees = self.trees
-        if self.tree_note and (self.tree is True or "model type" in self.tree_note):
+        if self.tree_note and (self.tree is True or "model type" in self.tree_note or "KV cache" in self.tree_note):
             stats.notes.append(f"verifying chains: {self.tree_note}")
         eos = set(eos_token_ids)
         limit = self.context_length

@@ -18,6 +18,7 @@ import numpy as np
 
 from .drafters import ModelDrafter
 from .errors import MlxspecError
+from .kv_window import is_bounded
 from .sampling import SamplingParams, process_logits
 from . import tree_acceptance
 from .tree_acceptance import walk_greedy
@@ -39,16 +40,18 @@ class TreeResult:
     draft_time: float  # seconds spent growing the tree
 
 
-def tree_unsupported(target_model, drafter, policy) -> str | None:
-    """None when trees can be used; else why not (one phrase)."""
+def tree_unsupported(target, drafter, policy) -> str | None:
+    """None when trees can be used with `target` (a ModelState); else why not (one phrase)."""
     if type(drafter) is not ModelDrafter:
         return f"the {drafter.name} drafter proposes chains"
     if not hasattr(policy, "cost"):
         return "a fixed --num-draft drafts chains (trees are sized by the cost model: --num-draft auto)"
-    for what, model in (("target", target_model), ("draft", drafter.state.model)):
-        why = tree_support(model)
+    for what, state in (("target", target), ("draft", drafter.state)):
+        why = tree_support(state.model)
         if why is not None:
             return f"the {what}'s {why}"
+    if is_bounded(target.cache) or is_bounded(drafter.state.cache):
+        return "the KV cache is bounded (max_kv_size): token trees need a full KV cache"
     return None
 
 

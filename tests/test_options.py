@@ -54,7 +54,10 @@ CASES = (
        (["bench", "--model", NOWHERE, "-m", "1"], "--max-tokens", None),
        (["bench", "--model", NOWHERE, "--quick", "--no-draft"], "--no-draft", None),
        (["pairs", "--context", "-5"], "--context", "context"),
-       (["pairs", "--budget", "0"], "--budget", "budget"),
+       (["chat", "--model", NOWHERE, "--ignore-chat-template", "--system-prompt", "x"], "--system-prompt", None)]
+    + [([cmd, "--model", NOWHERE, *extra, "--max-kv-size", v], "--max-kv-size", "max_kv_size")
+       for cmd, extra in (("generate", ["-p", "hi"]), ("chat", []), ("serve", [])) for v in ("0", "-3", "20", "1.5")]
+    + [(["pairs", "--budget", "0"], "--budget", "budget"),
        (["convert", "org/target", "--draft", "org/draft", "--context", "-5"], "--context", "context")]
 )
 
