@@ -71,7 +71,7 @@ def test_the_mode_and_max_kv_size_survive_save_and_load(tiny_pair, tmp_path):
     data = json.loads(path.read_text())
     data["settings"]["max_kv_size"] = 3
     path.write_text(json.dumps(data))
-    with pytest.raises(mlxspec.MlxspecError, match="field 'settings.max_kv_size' must be at least 21"):
+    with pytest.raises(mlxspec.MlxspecError, match="field 'settings.max_kv_size' must be a whole number >= 21"):
         Session.load(path, tiny_pair)
 
 
