@@ -48,7 +48,7 @@ from pathlib import Path
 
 import click
 
-from .bench_advisor import (QUICK_MAX_TOKENS, advise, expected_tokens, expected_tokens_geometric,  # noqa: F401
+from .bench_advisor import (QUICK_MAX_TOKENS, QUICK_PROMPTS, advise, expected_tokens, expected_tokens_geometric,  # noqa: F401
                             format_advice, per_token_acceptance, policy_round, predict, recommend)
 from .bench_contenders import (ALL_CONTENDERS, DRAFTERS, Contender, MlxLmContender, MlxspecContender,  # noqa: F401
                                Run, default_contenders, first_round_tokens, make_contender, make_contenders,
@@ -57,6 +57,8 @@ from .bench_figures import check_greedy, first_divergence, median, pairwise_spee
 from .bench_prompts import Prompt, Suite, encode, find_suite_file, load_suite, parse_suite, select_prompts  # noqa: F401
 from .bench_report import format_table, machine_info, markdown, versions, write_outputs  # noqa: F401
 from .bench_runner import DEFAULT_MAX_TOKENS, WARMUP_TOKENS, run_benchmark  # noqa: F401
+
+DEFAULT_PROMPTS = 2  # per suite
 from .errors import MlxspecError
 from .options import MAX_NUM_DRAFT, BadValue, check, model_options, typed
 
@@ -110,8 +112,9 @@ def _command() -> str:
               help="A pair folder (from `mlxspec convert`) or TARGET,DRAFT (same forms as --model/--draft).")
 @click.option("--suite", "suites", default=",".join(DEFAULT_SUITES), show_default=True,
               help="Comma-separated suite names or paths to suite .json files.")
-@click.option("--prompts", "prompts_per_suite", type=click.IntRange(0), default=2, show_default=True,
-              help="Prompts per suite (the first N; 0 = all).")
+@click.option("--prompts", "prompts_per_suite", type=click.IntRange(0), default=None,
+              help=f"Prompts per suite (the first N; 0 = all) [default: {DEFAULT_PROMPTS}; "
+                   f"{QUICK_PROMPTS} with --quick].")
 @click.option("--temps", default="0", callback=_parse_temps, show_default=True,
               help="Comma-separated temperatures, e.g. 0,0.7.")
 @click.option("--repeats", type=typed("repeats"), default=1, show_default=True,
@@ -149,6 +152,8 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
         click.echo("contenders: " + ", ".join(f"{c.name} [{c.spec}]" for c in lineup))
         return
     max_tokens = max_tokens or (QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS)
+    if prompts_per_suite is None:
+        prompts_per_suite = QUICK_PROMPTS if quick else DEFAULT_PROMPTS
 
     from .backend import describe
 
@@ -158,7 +163,7 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
     echo(f"[{pair.describe()}; {describe()}; loaded in {time.perf_counter() - t_load:.1f} s]")
 
     if quick:
-        prompts = select_prompts(suite_objs, 1)
+        prompts = select_prompts(suite_objs, prompts_per_suite)
         adv = advise(pair, prompts, temp=temps_list[0], max_tokens=max_tokens, max_k=max_k, seed=seed, echo=echo)
         click.echo(format_advice(adv, pair.describe()))
         if out:

@@ -297,3 +297,63 @@ def test_policy_round_stops_where_the_rate_peaks():
     rows = bench.predict(acc, 0.5, 0.2, {k: 1.0 for k in range(5)})
     best = max(rows, key=lambda r: r["speedup"])
     assert got["k"] == best["k"] == 2 and got["speedup"] == pytest.approx(best["speedup"])
+
+
+# ---- --quick agrees with what bench then measures -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def middling_pair_dirs(tmp_path_factory):
+    """A tiny qwen2 target and a draft that agrees with it often, not always."""
+    import tiny_models
+
+    root = tmp_path_factory.mktemp("middling")
+    cfg = tiny_models.config_for("qwen2")
+    target = tiny_models.build(cfg, seed=0, scale=3.0)
+    draft = tiny_models.perturbed(target, cfg, noise=MIDDLING_NOISE, seed=1)
+    return (tiny_models.save_model_dir(root / "target", "qwen2", model=target),
+            tiny_models.save_model_dir(root / "draft", "qwen2", model=draft))
+
+
+MIDDLING_NOISE = 0.03  # acceptance about 0.4 on these prompts
+
+
+def test_quick_predicts_the_tokens_per_pass_that_bench_measures(middling_pair_dirs, suite_file, tmp_path):
+    """`bench --quick` at its defaults predicts, per fixed k, the tokens per target pass
+    that `bench` then measures for that k (greedy: counts, not clocks; the cost half of
+    the prediction is the calibrated cost model, tested above).  With 16 tokens of one
+    prompt per suite (its old defaults) the acceptance by position came from a handful
+    of rounds and missed by up to a third."""
+    import mlxspec
+    from mlxspec.bench_contenders import MlxspecContender
+
+    target, draft = middling_pair_dirs
+    result = CliRunner().invoke(bench.bench, ["--model", str(target), "--draft", str(draft), "--suite",
+                                              str(suite_file), "--quick", "--max-k", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "quick.json").read_text())
+    assert 0.3 < doc["acceptance_rate"] < 0.9, doc["acceptance_rate"]  # else any prediction would do
+    pair = mlxspec.load(target, draft)
+    prompts = bench.select_prompts([bench.load_suite(str(suite_file))], bench.QUICK_PROMPTS)  # the ones --quick ran
+    for row in doc["predictions"]:
+        contender = MlxspecContender(f"k={row['k']}", "model", row["k"])
+        tokens = passes = 0
+        for p in prompts:
+            s = contender.run(pair, bench.encode(pair.tokenizer, p), temp=0.0, max_tokens=bench.DEFAULT_MAX_TOKENS,
+                              seed=0).stats
+            tokens, passes = tokens + s["generated_tokens"], passes + s["target_passes"]
+        assert row["expected_tokens"] == pytest.approx(tokens / passes, rel=0.2), (row["k"], tokens / passes)
+
+
+def test_quick_judges_every_draft_position_in_enough_rounds(tiny_pair_dirs, suite_file, tmp_path):
+    """--quick's acceptance by position is a mean over its rounds: at its defaults each
+    position must be judged in enough of them.  16 tokens (the old default) made 3-4
+    rounds at k = 4 on a draft that is usually right: on the default pair that predicted
+    3.5 tokens per pass for k = 4 where bench measured 4.0 on the same prompt."""
+    target, draft = tiny_pair_dirs
+    result = CliRunner().invoke(bench.bench, ["--model", str(target), "--draft", str(draft), "--suite",
+                                              str(suite_file), "--quick", "--max-k", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "quick.json").read_text())
+    assert doc["acceptance_rate"] > 0.6  # a draft that is usually right: long rounds, few of them
+    assert min(doc["proposed_by_position"]) >= 8, doc["proposed_by_position"]
