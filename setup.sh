@@ -47,7 +47,7 @@ case "${1:-}" in
     fi
     .venv/bin/mlxspec pull smollm2-135m
     shift || true
-    .venv/bin/python -m pytest -q "$@"
+    .venv/bin/python -m pytest -q --durations=15 "$@"
     ;;
   "") ;;
   *) echo "usage: ./setup.sh [demo|test [pytest args]]"; exit 2 ;;

@@ -23,7 +23,7 @@ from mlxspec.sampling import SamplingParams, process_logits
 from mlxspec.speculative import SpeculativeDecoder
 from stats_util import chi_square
 
-V, LENGTH, SAMPLES = 8, 3, 3000
+V, LENGTH, SAMPLES = 8, 3, 2000
 PROMPT = [1, 5, 2]
 PARAMS = SamplingParams(temp=1.0)
 
@@ -95,7 +95,7 @@ OTHER_DRAFTERS = {
     # the target with its first layer skipped drafts for itself
     "layerskip": (lambda target: LayerSkipDrafter(target, keep=[1]), PROMPT),
 }
-OTHER_SAMPLES = 2000
+OTHER_SAMPLES = 1500
 OTHER_PARAMS = SamplingParams(temp=0.9, top_k=6)
 
 

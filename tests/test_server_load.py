@@ -1,4 +1,4 @@
-"""A bounded load test of `mlxspec serve` on loopback: 4 clients x 10 requests on
+"""A bounded load test of `mlxspec serve` on loopback: 4 clients x 6 requests on
 SmolLM2 with short outputs, streamed and not.  No error other than 429, every
 answer is its own request's (each client has its own prompt, checked against
 the target's greedy output), and the server's memory stays flat."""
@@ -18,7 +18,7 @@ from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
 
 pytestmark = pytest.mark.real
 
-CLIENTS, REQUESTS, N = 4, 10, 4
+CLIENTS, REQUESTS, N = 4, 6, 4
 PROMPTS = ["The capital of Italy is", "def square(x):", "Once upon a time, a fox", "1, 2, 3, 4,"]
 RSS_GROWTH_LIMIT = 64 * 2**20
 
@@ -45,7 +45,7 @@ def completion(server, prompt, stream):
     return status, "".join(c["choices"][0]["text"] for c in chunks if c["choices"]), chunks[0]["id"]
 
 
-def test_four_clients_ten_requests_each(server):
+def test_four_clients_six_requests_each(server):
     need_smollm2()
     target = mlxspec.load(MODEL, no_draft=True)
     expected = [api.generate(target, p, max_tokens=N, drafter="none", chat_template=False).text for p in PROMPTS]
