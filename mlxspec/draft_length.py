@@ -20,7 +20,12 @@ round's average rate,
 
     P_i * a / cost  >=  E / T,
 
-which is where E/T is highest when P falls from token to token.  For `offer`
+which is where E/T is highest when P falls from token to token -- and when each
+token costs no less than the one before.  A verify pass's cost by width is not
+always convex (on a CPU, 3 positions can cost what 8 do), so the rule looks
+ahead (`pays_ahead`): it goes on while drafting h more tokens raises E/T for some
+h up to the cap, at the mean acceptance for the tokens after the next one; with
+h = 1 that is the inequality above.  For `offer`
 the draft step is already paid, so cost = V(i + 2) - V(i + 1) and a is the
 acceptance observed for drafts of that confidence (a table of confidence
 buckets, starting from a = confidence); for `more` the token is not drafted yet,
@@ -60,6 +65,21 @@ PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallbac
 Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound used for the fallback decision
 
 
+def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_cost, rate_t: float,
+               rate_e: float, horizon: int) -> bool:
+    """Would drafting h more tokens raise the round's expected rate E/T for some h <= horizon?
+    The next token is kept with probability a_next and costs next_cost; the j-th after it
+    a_later and later_cost(j) plain steps.  horizon 1: the next token alone."""
+    gain = cost = 0.0
+    for j in range(max(horizon, 1)):
+        p *= a_next if j == 0 else a_later
+        gain += p
+        cost += next_cost if j == 0 else later_cost(j)
+        if gain * rate_t >= cost * rate_e:
+            return True
+    return False
+
+
 class Round:
     """Drafting decisions for one round (FixedK's rounds say yes up to k)."""
 
@@ -77,12 +97,19 @@ class Round:
         if pol is None or (pol.forced and self.kept == 0):
             return True
         a = pol.mean_acceptance(lookup, optimistic=self.kept == 0)  # the go/no-go bet: see fallback
-        cost = (pol.cost.draft_step if step_cost is None else step_cost) + pol.cost.extra(self.kept + 2)
-        cost += self.refeed_risk(a)
-        if self.p * a * self.t >= cost * self.e:
+        step = pol.cost.draft_step if step_cost is None else step_cost
+        cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
+        later = lambda j: step + pol.cost.extra(self.kept + 2 + j)  # noqa: E731
+        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, later, self.t, self.e, self.horizon):
             return True
         self.stop_reason = "cost"
         return False
+
+    @property
+    def horizon(self) -> int:
+        """Tokens the rule looks ahead: up to the cap; one on a recurrent target, where a
+        later token's re-feed risk depends on the pile-up it would leave (kept myopic)."""
+        return 1 if getattr(self.policy, "refeed", False) else self.k - self.kept
 
     def offer(self, confidence: float | None, step_cost: float | None = None) -> bool:
         """Keep the token just drafted (confidence = the draft's top probability at
@@ -93,7 +120,10 @@ class Round:
             self.t += pol.cost.draft_step if step_cost is None else step_cost  # paid either way
             a = pol.acceptance(confidence)
             cost = pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
-            if not (pol.forced and self.kept == 0) and self.p * a * self.t < cost * self.e:
+            step = pol.cost.draft_step if step_cost is None else step_cost
+            later = lambda j: step + pol.cost.extra(self.kept + 2 + j)  # noqa: E731
+            if not (pol.forced and self.kept == 0) and not pays_ahead(
+                    self.p, a, pol.mean_acceptance(), cost, later, self.t, self.e, self.horizon):
                 self.stop_reason = "confidence"
                 return False
             self.p *= a

@@ -16,12 +16,19 @@ a step's marginal rate beats the tree's average rate E/T:
   of a draft and the draft cost is the width increment of a batched draft
   forward (nodes expanded together share one pass).
 
+Both look ahead along depth as the chain rule does (draft_length.pays_ahead): a
+candidate on the best path, or the first node fed at a level, also counts the
+deeper tokens it leads to, at the mean acceptance; further siblings and lookup
+branches are judged on their own.
+
 With one child per node this is the chain rule exactly; siblings only enter when
 the cost model says that a wider verify pass pays for them (on a GPU, where width
 is nearly free, trees grow wide; on a CPU they stay close to chains).
 """
 
 from __future__ import annotations
+
+from .draft_length import pays_ahead
 
 MAX_BRANCH = 3  # children proposed per expanded node
 MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
@@ -45,12 +52,16 @@ class TreeBudget:
     def sibling(self, probability: float) -> float:
         return min(1.0, probability * self.policy.sibling_scale())
 
-    def include(self, v: float) -> bool:
+    def include(self, v: float, depth: int | None = None) -> bool:
+        """`depth`: the candidate's depth, to look ahead below it (None: judge it alone)."""
         if self.nodes >= self.max_nodes:
             self.stop_reason = "cap"
             return False
         extra = self.cost.extra(self.nodes + 2)
-        if not (self.policy.forced and self.nodes == 0) and v * self.t < extra * self.e:
+        horizon = 1 if depth is None else self.k - depth + 1
+        later = lambda j: self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)  # noqa: E731
+        if not (self.policy.forced and self.nodes == 0) and not pays_ahead(
+                v, 1.0, self.policy.mean_acceptance(), extra, later, self.t, self.e, horizon):
             self.stop_reason = "confidence"
             return False
         self.nodes += 1
@@ -65,11 +76,14 @@ class TreeBudget:
             self.stop_reason = "cap"
             return 0
         pol, n = self.policy, 0
-        a = pol.mean_acceptance(optimistic=self.nodes == 0)
+        a, a_later = pol.mean_acceptance(optimistic=self.nodes == 0), pol.mean_acceptance()
+        later = lambda j: self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)  # noqa: E731
         for v in values:
             step = self.cost.draft_step * (self.cost.verify_width(n + 1) - (self.cost.verify_width(n) if n else 0))
             forced = pol.forced and self.nodes == 0
-            if not forced and v * a * self.t < (step + self.cost.extra(self.nodes + 2)) * self.e:
+            horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
+            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), later,
+                                             self.t, self.e, horizon):
                 break
             self.t += step
             n += 1

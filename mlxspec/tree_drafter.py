@@ -122,7 +122,7 @@ class TreeDraft:
             added = []
             last_rank: dict[int, int] = {}
             for v, parent, r, tok, conf, q, a, p in cands:
-                if last_rank.get(parent, -1) != r - 1 or not budget.include(v):
+                if last_rank.get(parent, -1) != r - 1 or not budget.include(v, depth + 1 if r == 0 else None):
                     continue  # a sibling only after the ones ranked above it
                 last_rank[parent] = r
                 q_node = None

@@ -167,3 +167,35 @@ def test_fallback_in_the_real_loop_counts_tokens_by_mode_and_stays_lossless():
     assert stats.tokens_plain > 40, stats.k_history
     assert any(n.startswith("fallback") for n in stats.notes)
     assert "fell back to plain decoding" in stats.summary()
+
+
+def stepped(draft_step):
+    """A verify curve like this machine's calibration on 2026-12-01: positions 3-4 dear,
+    5-8 free (1.0, 1.11, 1.30, 1.49, 1.49, 1.49, 1.49, 1.49, then +0.03 a position)."""
+    from mlxspec.cost_model import CostModel
+
+    return CostModel(draft_step, [1.0, 1.11, 1.30, 1.49, 1.49, 1.49, 1.49, 1.49] + [1.49 + 0.03 * i for i in range(1, 10)])
+
+
+def test_the_rule_looks_past_dear_positions_to_cheaper_ones():
+    """A myopic rule stops where the next position is dear even when the ones after it
+    are free (the default pair's binary-search prompt: auto 2.67 tokens per pass where a
+    fixed k=4 made 4.0); looking ahead, per-token drafting is again as fast as the best
+    fixed k on such a curve."""
+    cm = stepped(0.3)
+    make = lambda: Text(lambda rng: 0.95, lambda c: 0.9, seed=4)  # noqa: E731
+    fixed_speeds = {k: speed(make, fixed(k, cm))[0] for k in range(0, 13)}
+    best_k = max(fixed_speeds, key=fixed_speeds.get)
+    auto, lengths = speed(make, PerToken(cm, 12))
+    # myopic (before): 0.948 of the best fixed k (7), 4.05 drafts a round; looking ahead: 0.992, 5.97
+    assert best_k >= 5 and auto >= 0.97 * fixed_speeds[best_k], (auto, best_k, fixed_speeds, np.mean(lengths))
+    assert np.mean(lengths) >= 5
+
+
+def test_with_a_horizon_of_one_the_rule_is_the_marginal_one():
+    from mlxspec.draft_length import pays_ahead
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        p, a, c, t, e = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0, 2), rng.uniform(1, 5), rng.uniform(1, 5)
+        assert pays_ahead(p, a, rng.uniform(0, 1), c, lambda j: 0.0, t, e, 1) == (p * a * t >= c * e)
