@@ -99,11 +99,14 @@ class Round:
         a = pol.mean_acceptance(lookup, optimistic=self.kept == 0)  # the go/no-go bet: see fallback
         step = pol.cost.draft_step if step_cost is None else step_cost
         cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
-        later = lambda j: step + pol.cost.extra(self.kept + 2 + j)  # noqa: E731
-        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, later, self.t, self.e, self.horizon):
+        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step), self.t, self.e, self.horizon):
             return True
         self.stop_reason = "cost"
         return False
+
+    def _later(self, step: float):
+        """The cost of the j-th token after the next one (for pays_ahead)."""
+        return lambda j: step + self.policy.cost.extra(self.kept + 2 + j)
 
     @property
     def horizon(self) -> int:
@@ -117,13 +120,12 @@ class Round:
         proposal such as prompt lookup)?"""
         pol = self.policy
         if pol is not None:
-            self.t += pol.cost.draft_step if step_cost is None else step_cost  # paid either way
+            step = pol.cost.draft_step if step_cost is None else step_cost
+            self.t += step  # paid either way
             a = pol.acceptance(confidence)
             cost = pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
-            step = pol.cost.draft_step if step_cost is None else step_cost
-            later = lambda j: step + pol.cost.extra(self.kept + 2 + j)  # noqa: E731
             if not (pol.forced and self.kept == 0) and not pays_ahead(
-                    self.p, a, pol.mean_acceptance(), cost, later, self.t, self.e, self.horizon):
+                    self.p, a, pol.mean_acceptance(), cost, self._later(step), self.t, self.e, self.horizon):
                 self.stop_reason = "confidence"
                 return False
             self.p *= a

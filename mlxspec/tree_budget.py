@@ -52,6 +52,10 @@ class TreeBudget:
     def sibling(self, probability: float) -> float:
         return min(1.0, probability * self.policy.sibling_scale())
 
+    def _later(self, j: int) -> float:
+        """The cost of the j-th node below the next one on a path (for pays_ahead)."""
+        return self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)
+
     def include(self, v: float, depth: int | None = None) -> bool:
         """`depth`: the candidate's depth, to look ahead below it (None: judge it alone)."""
         if self.nodes >= self.max_nodes:
@@ -59,9 +63,8 @@ class TreeBudget:
             return False
         extra = self.cost.extra(self.nodes + 2)
         horizon = 1 if depth is None else self.k - depth + 1
-        later = lambda j: self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)  # noqa: E731
         if not (self.policy.forced and self.nodes == 0) and not pays_ahead(
-                v, 1.0, self.policy.mean_acceptance(), extra, later, self.t, self.e, horizon):
+                v, 1.0, self.policy.mean_acceptance(), extra, self._later, self.t, self.e, horizon):
             self.stop_reason = "confidence"
             return False
         self.nodes += 1
@@ -77,12 +80,11 @@ class TreeBudget:
             return 0
         pol, n = self.policy, 0
         a, a_later = pol.mean_acceptance(optimistic=self.nodes == 0), pol.mean_acceptance()
-        later = lambda j: self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)  # noqa: E731
         for v in values:
             step = self.cost.draft_step * (self.cost.verify_width(n + 1) - (self.cost.verify_width(n) if n else 0))
             forced = pol.forced and self.nodes == 0
             horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
-            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), later,
+            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,
                                              self.t, self.e, horizon):
                 break
             self.t += step
