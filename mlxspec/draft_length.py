@@ -29,8 +29,14 @@ h = 1 that is the inequality above.  For `offer`
 the draft step is already paid, so cost = V(i + 2) - V(i + 1) and a is the
 acceptance observed for drafts of that confidence (a table of confidence
 buckets, starting from a = confidence); for `more` the token is not drafted yet,
-so cost = c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately.
-No other knobs: the threshold follows from the pair's costs.
+so cost = c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately,
+taken at the upper end of its 80 % confidence interval (optimism under
+uncertainty): the evidence behind it is thin after a few rounds -- a round that
+stops at one token observes one outcome -- and an early rejection must not keep
+the rounds short for the rest of a generation.  The interval's width counts
+every outcome (not decayed), so on a long generation the bound closes in on the
+mean and costs nothing.  (The tokens after the next, in the look-ahead, count at
+the mean itself.)  No other knobs: the threshold follows from the pair's costs.
 
 A target with recurrent layers (hybrid / state-space models, recurrent.py) pays
 more for a rejection: its accepted positions are fed again in the next pass, and
@@ -44,9 +50,9 @@ long-run figure of the pile-up chain at the acceptance and draft length seen so
 far (cost_model.expected_riding).
 
 Fallback: if even the first draft of a round is not worth its cost (a < c + V(2) - 1,
-plus its re-feed risk on a recurrent target, i.e. drafting is predicted below 1x) -- judged, for a round's first draft, with
-an optimistic a, the upper end of its 80 % confidence interval, so that a few
-early rejections are not enough -- the round is a plain step.  While that holds, a probe round drafts
+plus its re-feed risk on a recurrent target, i.e. drafting is predicted below 1x) --
+judged with the same optimistic a, so that a few early rejections are not
+enough -- the round is a plain step.  While that holds, a probe round drafts
 anyway every `probe_wait` plain tokens (doubling after each probe that does not
 pay), with half of the old evidence forgotten, so the probe counts.  With
 the calibrated model nothing depends on wall-clock time, so a seeded sampling
@@ -62,7 +68,7 @@ BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)  # con
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
 DECAY = 0.98  # older observations fade, so acceptance follows the text
 PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallback (doubling)
-Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound used for the fallback decision
+Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound on the mean acceptance that `more` bets on
 
 
 def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_cost, rate_t: float,
@@ -96,7 +102,7 @@ class Round:
         pol = self.policy
         if pol is None or (pol.forced and self.kept == 0):
             return True
-        a = pol.mean_acceptance(lookup, optimistic=self.kept == 0)  # the go/no-go bet: see fallback
+        a = pol.mean_acceptance(lookup, optimistic=True)  # the bet on the next token: optimism under uncertainty
         step = pol.cost.draft_step if step_cost is None else step_cost
         cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
         if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step), self.t, self.e, self.horizon):
@@ -177,7 +183,10 @@ class PerToken:
         centers = [(lo + hi) / 2 for lo, hi in zip((0.0,) + BUCKETS, BUCKETS + (1.0,))]
         self.kept = [c * PRIOR_WEIGHT for c in centers] + [0.5 * PRIOR_WEIGHT]
         self.seen = [PRIOR_WEIGHT] * (len(centers) + 1)
-        self.mean = {False: [0.6 * PRIOR_WEIGHT, PRIOR_WEIGHT], True: [0.5 * PRIOR_WEIGHT, PRIOR_WEIGHT]}
+        # mean acceptance per source: [kept, seen] (decayed, with the prior), and the evidence behind
+        # its optimistic bound (the prior's weight plus every outcome since, not decayed)
+        self.mean = {False: [0.6 * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT],
+                     True: [0.5 * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT]}
         self.siblings = [1.0, 1.0]  # a tree's later siblings: [taken, predicted] (tree_budget.py)
         self.forced = False  # a probe: draft regardless of the rule
         self.plain_since, self.probe_wait, self.fallback = 0, PROBE_EVERY, False
@@ -198,9 +207,9 @@ class PerToken:
         return self.kept[b] / self.seen[b]
 
     def mean_acceptance(self, lookup: bool = False, optimistic: bool = False) -> float:
-        kept, seen = self.mean[lookup]
+        kept, seen, evidence = self.mean[lookup]
         a = kept / seen
-        return min(1.0, a + Z_80 * (a * (1 - a) / seen) ** 0.5) if optimistic else a
+        return min(1.0, a + Z_80 * (a * (1 - a) / evidence) ** 0.5) if optimistic else a
 
     def sibling_scale(self) -> float:
         """How much more (or less) often a tree's later siblings are taken than their
@@ -260,7 +269,7 @@ class PerToken:
             self.forced, self.plain_since = True, 0
             self.probe_wait = min(2 * self.probe_wait, PROBE_MAX)
             for m in self.mean.values():  # forget half, so that the probe counts
-                m[0], m[1] = m[0] / 2, m[1] / 2
+                m[0], m[1], m[2] = m[0] / 2, m[1] / 2, m[2] / 2
             return self.max_k
         return 0
 
@@ -283,13 +292,13 @@ class PerToken:
         for conf, kept in outcomes:
             if conf == "refused":
                 m = self.mean[False]
-                m[0], m[1] = DECAY * m[0], DECAY * m[1] + 1
+                m[0], m[1], m[2] = DECAY * m[0], DECAY * m[1] + 1, m[2] + 1
                 continue
             b = self._bucket(conf)
             self.kept[b] = DECAY * self.kept[b] + kept
             self.seen[b] = DECAY * self.seen[b] + 1
             m = self.mean[conf is None]
-            m[0], m[1] = DECAY * m[0] + kept, DECAY * m[1] + 1
+            m[0], m[1], m[2] = DECAY * m[0] + kept, DECAY * m[1] + 1, m[2] + 1
 
     def _note(self, text: str) -> None:
         if self.stats is not None:

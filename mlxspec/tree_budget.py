@@ -12,7 +12,7 @@ a step's marginal rate beats the tree's average rate E/T:
 
 * `include`: a drafted candidate joins the tree if  v / (extra verify cost) >= E / T;
 * `expand`:  a node is fed to the draft (to propose its children) if
-  v * a / (draft cost + extra verify cost) >= E / T, where a is the mean acceptance
+  v * a / (draft cost + extra verify cost) >= E / T, where a is the (optimistic) mean acceptance
   of a draft and the draft cost is the width increment of a batched draft
   forward (nodes expanded together share one pass).
 
@@ -79,7 +79,7 @@ class TreeBudget:
             self.stop_reason = "cap"
             return 0
         pol, n = self.policy, 0
-        a, a_later = pol.mean_acceptance(optimistic=self.nodes == 0), pol.mean_acceptance()
+        a, a_later = pol.mean_acceptance(optimistic=True), pol.mean_acceptance()  # as Round.more
         for v in values:
             step = self.cost.draft_step * (self.cost.verify_width(n + 1) - (self.cost.verify_width(n) if n else 0))
             forced = pol.forced and self.nodes == 0

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import tiny_models
-from mlxspec.cost_model import assumed
+from mlxspec.cost_model import CostModel, assumed
 from mlxspec.draft_length import FixedK, PerToken, Round
+from mlxspec.tree_budget import TreeBudget
 from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
@@ -199,3 +200,42 @@ def test_with_a_horizon_of_one_the_rule_is_the_marginal_one():
     for _ in range(2000):
         p, a, c, t, e = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0, 2), rng.uniform(1, 5), rng.uniform(1, 5)
         assert pays_ahead(p, a, rng.uniform(0, 1), c, lambda j: 0.0, t, e, 1) == (p * a * t >= c * e)
+
+
+# this machine's calibrated costs for the default pair (draft step, verify by width), as cached
+DEFAULT_PAIR_CPU = CostModel(0.3, [1.0, 1.11, 1.3, 1.49, 1.49, 1.49, 1.49, 1.49, 1.51, 1.54, 1.56, 1.59, 1.62])
+
+
+def test_an_early_rejection_does_not_keep_rounds_at_one_token():
+    """The first round's draft (confidence 0.88) is rejected; from then on the draft
+    is sure (confidence 1.0) and right.  The mean acceptance behind `more` has one
+    rejection and its prior to go on: at the mean (0.40) a second token does not pay,
+    and every round stayed at one token until the rare one-token outcomes pulled the
+    mean up (10 rounds on the code prompt where this was seen).  The optimistic bound
+    on so little evidence drafts on; the tree budget expands the same way."""
+    pol = PerToken(DEFAULT_PAIR_CPU, 12)
+    first = pol.round(12)
+    assert first.more() and first.offer(0.88)
+    pol.update(first, [(0.88, False)])
+    assert pol.mean_acceptance() < 0.45
+
+    rnd = pol.round(12)
+    assert rnd.more() and rnd.offer(1.0)
+    assert rnd.more(), "a second token after a sure, first one"
+
+    budget = TreeBudget(pol, 12)
+    assert budget.expand([1.0], 0) == 1 and budget.include(pol.acceptance(1.0), 1)
+    assert budget.expand([pol.acceptance(1.0)], 1) == 1, "the tree grows below a sure first node"
+
+
+def test_the_optimistic_bound_closes_in_on_the_mean():
+    """The bound's width counts every outcome, not the decayed weight, so a long
+    steady generation drafts at the mean (it does not over-draft by a fixed margin)."""
+    pol = PerToken(DEFAULT_PAIR_CPU, 12)
+    for i in range(2000):
+        rnd = pol.round(12)
+        rnd.more(), rnd.offer(0.9)
+        pol.update(rnd, [(0.9, i % 10 < 7)])
+    a, bound = pol.mean_acceptance(), pol.mean_acceptance(optimistic=True)
+    assert 0.6 < a < 0.8
+    assert bound - a < 0.015, (a, bound)
