@@ -173,7 +173,7 @@ class SpeculativeDecoder:
                         break
                 k = max(0, min(self.policy.choose(), self.drafter.max_k, room))
                 if k and getattr(self.policy, "refeed", False):  # what a rejection would re-feed again
-                    riding = len(self.target.sync(history)) - 1
+                    riding = self.target.pending_count(history) - 1  # the round's own sync rolls back
                     self.policy.observe_refeed(riding if riding <= self.target.merge_limit else 0)
                 if key is not None:
                     key, k_draft, k_verify = mx.random.split(key, 3)
