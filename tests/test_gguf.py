@@ -218,6 +218,39 @@ def test_matrices_float16_cannot_hold_stay_float32():
     assert r.max_rel <= 2.0 ** -11  # 3e-9 is subnormal in float16: counted in the absolute change only
 
 
+def test_float16_storage_switched_off_writes_float32_folders(tmp_path, home):
+    """`convert_into(..., float16=False)` (benchmarks/storage_dtype.py's float32 folder): every
+    tensor float32 and unrounded, a folder of the float32 format, that loads and computes as the
+    model the GGUF holds -- and as the float16 folder does, within float16's rounding."""
+    model, cfg = tiny_model("qwen2")
+    src = tmp_path / "q.gguf"
+    held = write_gguf(src, "qwen2", model, cfg, quant=("ffn_", "attn_v"))
+    f16, f32 = gguf.convert(src, progress=False), tmp_path / "f32"
+    f32.mkdir()
+    gguf.convert_into(src, f32, gguf.sha256_file(src), progress=False, float16=False)
+
+    config = json.loads((f32 / "config.json").read_text())
+    assert config["mlxspec"]["format"] == gguf.FLOAT32_FORMAT == 1 and 1 in gguf.READABLE_FORMATS
+    assert config["torch_dtype"] == "float32"
+    saved = mx.load(str(f32 / "model.safetensors"))
+    assert saved.keys() == held.keys()
+    for name, v in saved.items():
+        assert v.dtype == mx.float32, name
+        np.testing.assert_array_equal(np.array(v), held[name], err_msg=name)
+    storage = config["mlxspec"]["storage"]
+    assert storage == {"dtype": "float32", "max_abs_change": 0.0, "max_rel_change": 0.0,
+                       "float32_matrices": sum(v.ndim > 1 for v in saved.values())}
+    assert gguf.cached_format(f16) == gguf.FORMAT == 2  # the cache entry itself stays float16
+
+    reference, _ = tiny_model("qwen2")
+    reference.update(tree_unflatten([(k, mx.array(v)) for k, v in held.items()]))
+    ref = logits(reference, IDS)
+    got32 = logits(loading.load_model_dir(f32)[0], IDS)
+    got16 = logits(loading.load_model_dir(f16)[0], IDS)
+    np.testing.assert_allclose(got32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(got16, got32, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+
+
 def test_unpermuted_llama_would_be_wrong(tmp_path, home):
     """The permutation test above can fail: without rope_traditional the logits differ."""
     model, cfg = tiny_model("llama")
