@@ -16,6 +16,7 @@ import numpy as np
 SHARD_BYTES = 2 << 30
 STORE_DTYPE = np.float16  # matrices on disk (vectors stay float32)
 NORMAL_MIN = float(np.finfo(np.float16).tiny)  # below it float16 is subnormal: only the absolute change is meaningful
+CHUNK_ELEMENTS = 1 << 22  # weights Rounding compares at a time (whole rows): a few arrays of 16 MB at most
 
 
 def stored_bytes(shape, float16: bool = True) -> int:
@@ -42,10 +43,17 @@ class Rounding:
         self.max_abs = self.max_rel = 0.0
         self.float32_matrices = 0
 
-    def add(self, w: np.ndarray, stored: np.ndarray) -> None:
+    def add(self, w: np.ndarray, stored: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> None:
+        """Compare `chunk` weights at a time (at least a row): differences of a whole embedding
+        matrix would take as much memory again as the matrix."""
         if stored.dtype == w.dtype:
             self.float32_matrices += w.ndim > 1
             return
+        rows = max(1, chunk // max(1, int(np.prod(w.shape[1:]))))
+        for i in range(0, len(w), rows):
+            self._add(w[i: i + rows], stored[i: i + rows])
+
+    def _add(self, w: np.ndarray, stored: np.ndarray) -> None:
         diff = np.abs(stored.astype(np.float32) - w)
         self.max_abs = max(self.max_abs, float(diff.max(initial=0.0)))
         normal = np.abs(w) >= NORMAL_MIN

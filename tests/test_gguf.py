@@ -218,6 +218,47 @@ def test_matrices_float16_cannot_hold_stay_float32():
     assert r.max_rel <= 2.0 ** -11  # 3e-9 is subnormal in float16: counted in the absolute change only
 
 
+def rounding_direct(tensors) -> tuple[float, float]:
+    """The largest absolute and relative change, over whole arrays at once."""
+    max_abs = max_rel = 0.0
+    for w in tensors:
+        diff = np.abs(w.astype(np.float16).astype(np.float32) - w)
+        normal = np.abs(w) >= gguf_storage.NORMAL_MIN
+        max_abs = max(max_abs, float(diff.max()))
+        max_rel = max(max_rel, float((diff[normal] / np.abs(w[normal])).max()) if normal.any() else 0.0)
+    return max_abs, max_rel
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000, gguf_storage.CHUNK_ELEMENTS])
+def test_rounding_in_chunks_equals_the_whole_array_figures(chunk):
+    """Rows of any width, counts no multiple of the chunk, rows with no weight in float16's normal range."""
+    rng = np.random.default_rng(chunk)
+    tensors = [rng.normal(0, s, shape).astype(np.float32)
+               for s, shape in ((0.02, (37, 13)), (3.0, (5, 200)), (1.0, (11, 3, 7)), (0.5, (1, 1)))]
+    tensors[0][:9] *= 1e-4  # below float16's normal range: absolute change only
+    r = gguf_storage.Rounding()
+    for w in tensors:
+        r.add(w, gguf_storage.to_storage(w), chunk=chunk)
+    assert (r.max_abs, r.max_rel) == rounding_direct(tensors) and r.max_abs > 0 and r.max_rel > 0
+
+
+def test_rounding_memory_is_bounded_by_the_chunk():
+    """Extra memory while measuring a 16 MB matrix: a chunk's worth (~0.4 MB here), not the matrix's."""
+    import tracemalloc
+
+    w = np.random.default_rng(0).normal(0, 0.02, (2048, 2048)).astype(np.float32)
+    stored = gguf_storage.to_storage(w)
+    r = gguf_storage.Rounding()
+    tracemalloc.start()
+    try:
+        r.add(w, stored, chunk=1 << 15)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert (r.max_abs, r.max_rel) == rounding_direct([w])
+
+
 def test_float16_storage_switched_off_writes_float32_folders(tmp_path, home):
     """`convert_into(..., float16=False)` (benchmarks/storage_dtype.py's float32 folder): every
     tensor float32 and unrounded, a folder of the float32 format, that loads and computes as the
