@@ -47,12 +47,7 @@ def float32_folder(name: str, beside: Path) -> Path:
     """A format-1-style folder: the same converter, every tensor kept float32."""
     path = weights.ensure(name, progress=False)
     out = tempfiles.mkdtemp(beside, f"f32-{name}")
-    keep = gguf.to_storage
-    gguf.to_storage = lambda w: w
-    try:
-        gguf.convert_into(path, out, gguf.sha256_file(path), progress=False)
-    finally:
-        gguf.to_storage = keep
+    gguf.convert_into(path, out, gguf.sha256_file(path), progress=False, float16=False)
     return out
 
 

@@ -20,7 +20,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from . import progress
 from .errors import MlxspecError
 from .kv_window import bounded
-from .recurrent import Checkpoints, cached_positions, roll_back, rollback_problem, split_point, state_arrays
+from .recurrent import (Checkpoints, cached_positions, landing, roll_back, rollback_problem, split_point,
+                        state_arrays)
 
 PREFILL_STEP = 512
 MERGE_LIMIT = 4  # without a cost model (cost_model.merge_limit)
@@ -62,12 +63,8 @@ class ModelState:
         the tokens still to feed (at least one).  Recurrent layers go back to
         their newest checkpoint at or before that prefix, so what they lack is
         fed again with the rest (recurrent.py)."""
-        if not history:
-            raise ValueError("empty token history")
-        keep = min(common_prefix(self.tokens, history), len(history) - 1)
-        # the cache may hold positions the token list does not name: an exception
-        # between a forward and its bookkeeping (Ctrl-C inside a draft step)
-        if keep < max(len(self.tokens), self.fed, cached_positions(self.cache)):
+        keep, behind = self._usable(history)
+        if behind:
             pos = roll_back(self.cache, self.checkpoints, keep)
             self.refed += keep - pos
             del self.tokens[pos:]
@@ -76,6 +73,22 @@ class ModelState:
             self.checkpoints.prune()
         self.known = len(history)
         return history[keep:]
+
+    def pending_count(self, history: list[int]) -> int:
+        """`len(self.sync(history))` without syncing: how many positions the next
+        forward would feed (re-fed ones included), the cache left as it is."""
+        keep, behind = self._usable(history)
+        return len(history) - (landing(self.cache, self.checkpoints, keep) if behind else keep)
+
+    def _usable(self, history: list[int]) -> tuple[int, bool]:
+        """The longest usable prefix of `history` (never all of it: its last token is
+        fed again), and whether the cache holds more than that (a rollback is due)."""
+        if not history:
+            raise ValueError("empty token history")
+        keep = min(common_prefix(self.tokens, history), len(history) - 1)
+        # the cache may hold positions the token list does not name: an exception
+        # between a forward and its bookkeeping (Ctrl-C inside a draft step)
+        return keep, keep < max(len(self.tokens), self.fed, cached_positions(self.cache))
 
     def forward(self, tokens) -> mx.array:
         """Logits (T, V) for `tokens`, appended to the cache.  A list of ids is

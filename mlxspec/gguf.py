@@ -57,6 +57,7 @@ from .untrusted import printable
 MAX_COUNT = 1 << 24  # no sane size, count or length in GGUF metadata is larger
 FORMAT = 2  # of the converted folders (1: float32, 2: float16 matrices); bump it when conversion changes
 READABLE_FORMATS = (1, 2)  # cache entries of these formats are used as they are; others are redone
+FLOAT32_FORMAT = 1  # what a folder written with float16 storage off is: every tensor float32
 MLX_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3_text"}
 
 # GGUF block tensor suffix -> mlx-lm name inside `model.layers.N.`
@@ -237,21 +238,23 @@ def file_type_name(value) -> str | None:
         return None
 
 
-def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool) -> tuple[int, Rounding]:
-    """Dequantise every tensor into safetensors shards under `out` (float16 matrices); return the
-    bytes written and the rounding.  A bar on a terminal (progress.py); `progress_lines`: a line per
-    shard as well."""
-    shards = shard_plan(reader.tensors)
+def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool,
+                  float16: bool = True) -> tuple[int, Rounding]:
+    """Dequantise every tensor into safetensors shards under `out` (float16 matrices unless `float16`
+    is off); return the bytes written and the rounding.  A bar on a terminal (progress.py);
+    `progress_lines`: a line per shard as well."""
+    shards = shard_plan(reader.tensors, float16=float16)
     names = (
         ["model.safetensors"]
         if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
-    weight_map, total, done, rounding = {}, 0, 0, Rounding()
+    weight_map, total, done, rounding = {}, 0, 0, Rounding(float16)
     with progress.bar(f"converting {printable(path.name, 60)}", len(reader.tensors), unit="tensor",
                       show=progress_lines) as bar:
         for name, shard in zip(names, shards):
-            done, total = _write_shard(path, arch, out, name, shard, weight_map, bar, done, total, rounding)
+            done, total = _write_shard(path, arch, out, name, shard, weight_map, bar, done, total, rounding,
+                                       float16)
             _say(progress_lines, f"  wrote {name}: {done}/{len(reader.tensors)} tensors, {total / 1e9:.2f} GB")
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -259,7 +262,7 @@ def write_weights(path: Path, reader, arch: str, out: Path, progress_lines: bool
 
 
 def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map: dict, bar, done: int, total: int,
-                 rounding: Rounding):
+                 rounding: Rounding, float16: bool):
     """Dequantise one shard's tensors and save them; returns the updated (tensors done, bytes)."""
     import mlx.core as mx
 
@@ -269,7 +272,7 @@ def _write_shard(path: Path, arch: str, out: Path, name: str, shard, weight_map:
         if arch == "gemma3" and t.name.endswith("norm.weight"):
             w = w - 1.0  # the file stores 1 + w; mlx-lm's Gemma RMSNorm adds the 1
         key = mlx_name(t.name, arch)
-        stored = to_storage(w)
+        stored = to_storage(w, float16)
         rounding.add(w, stored)
         arrays[key] = mx.array(stored)
         weight_map[key] = name
@@ -285,8 +288,10 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
-def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> None:
-    """Write the mlx-lm model folder for GGUF `path` into the existing empty folder `out`."""
+def convert_into(path: Path, out: Path, digest: str, progress: bool = True, float16: bool = True) -> None:
+    """Write the mlx-lm model folder for GGUF `path` into the existing empty folder `out`.
+    `float16=False`: every tensor float32, a folder of FLOAT32_FORMAT (what mlxspec 0.1 wrote;
+    benchmarks/storage_dtype.py compares the two); the cache always stores float16."""
     reader = open_gguf(path)
     try:
         meta = metadata(reader)
@@ -302,12 +307,12 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
             mlx_name(t.name, arch)  # fail on unknown tensors before the slow part
     except MlxspecError as e:
         raise MlxspecError(f"{path}: {e}") from None
-    need, free = sum(stored_bytes(s) for s in shapes.values()), shutil.disk_usage(out).free
+    need, free = sum(stored_bytes(s, float16) for s in shapes.values()), shutil.disk_usage(out).free
     if free < need + (256 << 20):
         raise MlxspecError(f"{path}: converting needs {need / 1e9:.1f} GB free in {out.parent}, "
                            f"only {free / 1e9:.1f} GB left")
     _say(progress, f"converting {path.name} ({arch}, {config['num_hidden_layers']} layers, "
-                   f"{len(reader.tensors)} tensors) to float16 MLX weights")
+                   f"{len(reader.tensors)} tensors) to {'float16' if float16 else 'float32'} MLX weights")
 
     try:
         tok_json, tok_config = tokenizer_files(meta)
@@ -318,12 +323,14 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True) -> N
     tokens, kinds = meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type") or []
     eos = eos_ids(meta, tokens, kinds)
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos), torch_dtype="float16")
-    config["mlxspec"] = {"source": path.name, "sha256": digest, "format": FORMAT,  # the name is shown on terminals
+    config.update(eos_token_id=eos, bos_token_id=None if bos is None else int(bos),
+                  torch_dtype="float16" if float16 else "float32")
+    config["mlxspec"] = {"source": path.name, "sha256": digest,  # the name is shown on terminals
+                         "format": FORMAT if float16 else FLOAT32_FORMAT,
                          "general.name": printable(meta["general.name"]) if "general.name" in meta else None,
                          "file_type": file_type_name(meta.get("general.file_type"))}
 
-    _, rounding = write_weights(path, reader, arch, out, progress)
+    _, rounding = write_weights(path, reader, arch, out, progress, float16)
     config["mlxspec"]["storage"] = rounding.to_dict()
     (out / "tokenizer.json").write_text(tok_json)
     _write_json(out / "tokenizer_config.json", tok_config)

@@ -145,6 +145,10 @@ class Checkpoints:
             del self.points[mark:]
             self.points.append((pos, states, True))
 
+    def newest_at(self, keep: int) -> int:
+        """The position `restore(keep)` would go back to, changing nothing."""
+        return next((p[0] for p in reversed(self.points) if p[0] <= keep), 0)
+
     def restore(self, keep: int) -> int:
         """Put the snapshotted layers back to the newest checkpoint at or before
         `keep` (none: their empty start state); return its position."""
@@ -171,20 +175,31 @@ def split_point(n_tokens: int, n_history: int, limit: int) -> int:
     return refed if refed > limit and n_history < n_tokens else 0
 
 
-def roll_back(cache, checkpoints: Checkpoints, keep: int) -> int:
-    """Roll every layer back to at most `keep` positions; return the position
-    reached: `keep` where trimming is exact (attention layers, windows that have
-    not wrapped), else the newest checkpoint's.  A layer holding fewer positions
-    than that (a forward interrupted half-way) sends every layer to the start."""
+def landing(cache, checkpoints: Checkpoints, keep: int) -> int:
+    """The position `roll_back(cache, checkpoints, keep)` reaches, changing nothing:
+    `keep` where trimming is exact (attention layers, windows that have not wrapped),
+    else the newest checkpoint's; 0 when a layer holds fewer positions than that (a
+    forward interrupted half-way)."""
     layers = leaves(cache)
     if any(is_recurrent(c) or wrapped(c) for c in layers):
-        pos, trimmed = checkpoints.restore(keep), [c for c in layers if not snapshotted(c)]
+        pos, trimmed = checkpoints.newest_at(keep), [c for c in layers if not snapshotted(c)]
     else:
-        checkpoints.drop_after(keep)
-        checkpoints.prune()
         pos, trimmed = keep, layers
-    if any(c.offset < pos for c in trimmed):
-        return roll_back(cache, checkpoints, 0) if pos else 0
+    return 0 if any(c.offset < pos for c in trimmed) else pos
+
+
+def roll_back(cache, checkpoints: Checkpoints, keep: int) -> int:
+    """Roll every layer back to at most `keep` positions; return the position
+    reached (`landing`): restored from a checkpoint where a layer cannot be trimmed
+    back exactly (recurrent, a wrapped window), trimmed everywhere else."""
+    pos, layers = landing(cache, checkpoints, keep), leaves(cache)
+    if any(is_recurrent(c) or wrapped(c) for c in layers):
+        checkpoints.restore(pos)
+        trimmed = [c for c in layers if not snapshotted(c)]
+    else:
+        checkpoints.drop_after(pos)
+        checkpoints.prune()
+        trimmed = layers
     for c in trimmed:
         if c.offset > pos:
             c.trim(c.offset - pos)

@@ -32,7 +32,7 @@ from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
 from .stats import GenerationStats
 from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
-from .tree_round import run_tree_round, tree_unsupported
+from .tree_round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
 
 
 
@@ -79,7 +79,7 @@ class SpeculativeDecoder:
             self.target.merge_limit = merge_limit(policy.cost)
 
     @property
-    def tree_note(self) -> str | None:
+    def tree_note(self) -> NoTrees | None:
         """Why rounds verify chains with the current drafter and policy (None: trees)."""
         if self.tree is False:
             return None
@@ -142,8 +142,8 @@ class SpeculativeDecoder:
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
         trees = self.trees
-        if self.tree_note and (self.tree is True or "model type" in self.tree_note or "KV cache" in self.tree_note):
-            stats.notes.append(f"verifying chains: {self.tree_note}")
+        if self.tree_note and (self.tree is True or self.tree_note.kind in NOTED_KINDS):  # asked for, or unexpected
+            stats.notes.append(f"verifying chains: {self.tree_note.text}")
         eos = set(eos_token_ids)
         limit = self.context_length
         check_context(history, limit)
@@ -173,7 +173,7 @@ class SpeculativeDecoder:
                         break
                 k = max(0, min(self.policy.choose(), self.drafter.max_k, room))
                 if k and getattr(self.policy, "refeed", False):  # what a rejection would re-feed again
-                    riding = len(self.target.sync(history)) - 1
+                    riding = self.target.pending_count(history) - 1  # the round's own sync rolls back
                     self.policy.observe_refeed(riding if riding <= self.target.merge_limit else 0)
                 if key is not None:
                     key, k_draft, k_verify = mx.random.split(key, 3)

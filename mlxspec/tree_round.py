@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -40,18 +41,31 @@ class TreeResult:
     draft_time: float  # seconds spent growing the tree
 
 
-def tree_unsupported(target, drafter, policy) -> str | None:
-    """None when trees can be used with `target` (a ModelState); else why not (one phrase)."""
+# Why a pair verifies chains (`NoTrees.kind`).  The first two are what the user chose
+# (a chain drafter, a fixed --num-draft); the others they would not expect, so the
+# loop says so in the stats even when trees were not asked for (NOTED_KINDS).
+DRAFTER, FIXED_K, MODEL_TYPE, BOUNDED_CACHE = "drafter", "fixed k", "model type", "bounded cache"
+NOTED_KINDS = frozenset({MODEL_TYPE, BOUNDED_CACHE})
+
+
+class NoTrees(NamedTuple):
+    kind: str  # one of the kinds above
+    text: str  # why, in one phrase (shown after "verifying chains: ")
+
+
+def tree_unsupported(target, drafter, policy) -> NoTrees | None:
+    """None when trees can be used with `target` (a ModelState); else why not."""
     if type(drafter) is not ModelDrafter:
-        return f"the {drafter.name} drafter proposes chains"
+        return NoTrees(DRAFTER, f"the {drafter.name} drafter proposes chains")
     if not hasattr(policy, "cost"):
-        return "a fixed --num-draft drafts chains (trees are sized by the cost model: --num-draft auto)"
+        return NoTrees(FIXED_K,
+                       "a fixed --num-draft drafts chains (trees are sized by the cost model: --num-draft auto)")
     for what, state in (("target", target), ("draft", drafter.state)):
         why = tree_support(state.model)
         if why is not None:
-            return f"the {what}'s {why}"
+            return NoTrees(MODEL_TYPE, f"the {what}'s {why}")
     if is_bounded(target.cache) or is_bounded(drafter.state.cache):
-        return "the KV cache is bounded (max_kv_size): token trees need a full KV cache"
+        return NoTrees(BOUNDED_CACHE, "the KV cache is bounded (max_kv_size): token trees need a full KV cache")
     return None
 
 

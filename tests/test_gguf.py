@@ -218,6 +218,80 @@ def test_matrices_float16_cannot_hold_stay_float32():
     assert r.max_rel <= 2.0 ** -11  # 3e-9 is subnormal in float16: counted in the absolute change only
 
 
+def rounding_direct(tensors) -> tuple[float, float]:
+    """The largest absolute and relative change, over whole arrays at once."""
+    max_abs = max_rel = 0.0
+    for w in tensors:
+        diff = np.abs(w.astype(np.float16).astype(np.float32) - w)
+        normal = np.abs(w) >= gguf_storage.NORMAL_MIN
+        max_abs = max(max_abs, float(diff.max()))
+        max_rel = max(max_rel, float((diff[normal] / np.abs(w[normal])).max()) if normal.any() else 0.0)
+    return max_abs, max_rel
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000, gguf_storage.CHUNK_ELEMENTS])
+def test_rounding_in_chunks_equals_the_whole_array_figures(chunk):
+    """Rows of any width, counts no multiple of the chunk, rows with no weight in float16's normal range."""
+    rng = np.random.default_rng(chunk)
+    tensors = [rng.normal(0, s, shape).astype(np.float32)
+               for s, shape in ((0.02, (37, 13)), (3.0, (5, 200)), (1.0, (11, 3, 7)), (0.5, (1, 1)))]
+    tensors[0][:9] *= 1e-4  # below float16's normal range: absolute change only
+    r = gguf_storage.Rounding()
+    for w in tensors:
+        r.add(w, gguf_storage.to_storage(w), chunk=chunk)
+    assert (r.max_abs, r.max_rel) == rounding_direct(tensors) and r.max_abs > 0 and r.max_rel > 0
+
+
+def test_rounding_memory_is_bounded_by_the_chunk():
+    """Extra memory while measuring a 16 MB matrix: a chunk's worth (~0.4 MB here), not the matrix's."""
+    import tracemalloc
+
+    w = np.random.default_rng(0).normal(0, 0.02, (2048, 2048)).astype(np.float32)
+    stored = gguf_storage.to_storage(w)
+    r = gguf_storage.Rounding()
+    tracemalloc.start()
+    try:
+        r.add(w, stored, chunk=1 << 15)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert (r.max_abs, r.max_rel) == rounding_direct([w])
+
+
+def test_float16_storage_switched_off_writes_float32_folders(tmp_path, home):
+    """`convert_into(..., float16=False)` (benchmarks/storage_dtype.py's float32 folder): every
+    tensor float32 and unrounded, a folder of the float32 format, that loads and computes as the
+    model the GGUF holds -- and as the float16 folder does, within float16's rounding."""
+    model, cfg = tiny_model("qwen2")
+    src = tmp_path / "q.gguf"
+    held = write_gguf(src, "qwen2", model, cfg, quant=("ffn_", "attn_v"))
+    f16, f32 = gguf.convert(src, progress=False), tmp_path / "f32"
+    f32.mkdir()
+    gguf.convert_into(src, f32, gguf.sha256_file(src), progress=False, float16=False)
+
+    config = json.loads((f32 / "config.json").read_text())
+    assert config["mlxspec"]["format"] == gguf.FLOAT32_FORMAT == 1 and 1 in gguf.READABLE_FORMATS
+    assert config["torch_dtype"] == "float32"
+    saved = mx.load(str(f32 / "model.safetensors"))
+    assert saved.keys() == held.keys()
+    for name, v in saved.items():
+        assert v.dtype == mx.float32, name
+        np.testing.assert_array_equal(np.array(v), held[name], err_msg=name)
+    storage = config["mlxspec"]["storage"]
+    assert storage == {"dtype": "float32", "max_abs_change": 0.0, "max_rel_change": 0.0,
+                       "float32_matrices": sum(v.ndim > 1 for v in saved.values())}
+    assert gguf.cached_format(f16) == gguf.FORMAT == 2  # the cache entry itself stays float16
+
+    reference, _ = tiny_model("qwen2")
+    reference.update(tree_unflatten([(k, mx.array(v)) for k, v in held.items()]))
+    ref = logits(reference, IDS)
+    got32 = logits(loading.load_model_dir(f32)[0], IDS)
+    got16 = logits(loading.load_model_dir(f16)[0], IDS)
+    np.testing.assert_allclose(got32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(got16, got32, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+
+
 def test_unpermuted_llama_would_be_wrong(tmp_path, home):
     """The permutation test above can fail: without rope_traditional the logits differ."""
     model, cfg = tiny_model("llama")

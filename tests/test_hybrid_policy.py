@@ -219,3 +219,28 @@ def test_the_decoder_reports_what_rides_along_as_the_chain_predicts():
           f"(chain {expected_refed(cm, a, k):.2f})")
     assert abs(riding - chain) < 0.15 * chain
     assert abs(stats.refed_positions / stats.target_passes - expected_refed(cm, a, k)) < 0.15 * expected_refed(cm, a, k)
+
+
+def test_the_loop_syncs_the_target_once_a_round_and_reports_what_that_sync_feeds():
+    """What rides along is foreseen (`ModelState.pending_count`), not synced for: one
+    target sync per round, and each report is what that round's sync then re-feeds."""
+    cm, k = costs(0.0, 0.1), 4
+    target, prompt = tiny_hybrid.build("qwen3_5", layer_scale=0.5), [5, 6, 7, 8]
+    reference = list(prompt)
+    list(SpeculativeDecoder(target).generate(reference, max_tokens=80))
+    policy, stats = Recorder(k, cm), GenerationStats()
+    dec = SpeculativeDecoder(target, ScriptedDrafter(reference, 0.5, seed=3), policy)
+    fed, sync = [], dec.target.sync
+
+    def counted(history):
+        pending = sync(history)
+        fed.append(len(pending))
+        return pending
+
+    dec.target.sync = counted
+    list(dec.generate(list(prompt), max_tokens=60, stats=stats))
+    rounds = fed[1:-1]  # the prefill's sync first, the one after the last round last
+    assert len(rounds) == stats.target_passes and len(policy.reports) >= stats.target_passes - 1
+    limit = dec.target.merge_limit
+    assert policy.reports == [n - 1 if n - 1 <= limit else 0 for n in rounds[: len(policy.reports)]]
+    assert any(policy.reports), policy.reports  # some rounds had re-fed positions riding along

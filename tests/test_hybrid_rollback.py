@@ -81,6 +81,24 @@ def test_states_match_fresh_prefill(name, prompt, k, max_tokens, temp):
     check_after_generation(dec, drafter, history)
 
 
+def fingerprint(state: ModelState):
+    """Everything a sync may change: bookkeeping, checkpoints, and each layer's arrays (by identity) and offsets."""
+    layers = [(tuple(map(id, c.cache)),) if is_recurrent(c) else
+              (id(c.keys), id(c.values), c.offset, getattr(c, "_idx", None)) for c in leaves(state.cache)]
+    points = [(p, tuple(map(id, states)), anchor) for p, states, anchor in state.checkpoints.points]
+    return list(state.tokens), state.fed, state.known, state.refed, state.positions, points, layers
+
+
+def synced(state: ModelState, history):
+    """`state.sync(history)`, first checking that `pending_count` foresees its length and changes nothing."""
+    before = fingerprint(state)
+    count = state.pending_count(history)
+    assert fingerprint(state) == before
+    pending = state.sync(history)
+    assert count == len(pending)
+    return pending
+
+
 def random_rollbacks(arch, broken=False):
     model = PAIRS[{"qwen3_5": "qwen3_5+qwen2", "mamba2": "mamba2+qwen3_5", "lfm2": "lfm2+lfm2"}[arch]][0]
     rng = np.random.default_rng(0)
@@ -88,7 +106,7 @@ def random_rollbacks(arch, broken=False):
     if broken:
         break_rollback(state)
     for _ in range(25):
-        pending = state.sync(history)
+        pending = synced(state, history)
         extra = [int(x) for x in rng.integers(5, 300, rng.integers(0, 6))]
         if rng.random() < 0.5:
             state.forward(pending + extra)
@@ -98,7 +116,7 @@ def random_rollbacks(arch, broken=False):
         fed = history + extra
         cut = int(rng.integers(1, len(fed) + 1)) if rng.random() < 0.2 else int(rng.integers(len(history), len(fed) + 1))
         history = fed[:cut] + [int(rng.integers(5, 300))]
-        pending = state.sync(history)
+        pending = synced(state, history)
         assert history[: len(history) - len(pending)] == state.tokens
         assert_state_is_fresh_prefill(state, state.tokens)
         assert len(state.checkpoints.points) <= 1 + MAX_ANCHORS
@@ -109,7 +127,8 @@ def random_rollbacks(arch, broken=False):
 @pytest.mark.parametrize("arch", tiny_hybrid.HYBRIDS)
 def test_random_rollbacks_of_a_model_state(arch):
     """Direct sync/forward sequences with random widths and rollback points (the
-    verify pass's pattern, a draft's one-token steps, and going back far)."""
+    verify pass's pattern, a draft's one-token steps, and going back far); before
+    each sync, `pending_count` says how many positions it will leave to feed."""
     random_rollbacks(arch)
 
 
@@ -128,6 +147,7 @@ def test_an_interrupted_draft_step_is_rolled_back():
         history = [3, 4, 5, 6]
         drafter.prefill(history)
         drafter.state.forward(mx.array([6, 7], dtype=mx.uint32))  # fed, never recorded
+        assert synced(drafter.state, history) == history[-1:]  # foreseen by pending_count too
         drafter.prefill(history)
         assert_state_is_fresh_prefill(drafter.state, history[:-1])
 

@@ -25,6 +25,7 @@ from mlxspec.kv_window import WindowKVCache
 from mlxspec.options import MIN_KV_SIZE, RULES
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
+from mlxspec.tree_round import BOUNDED_CACHE
 
 PROMPT = [5, 17, 33, 80, 91, 120, 7, 9]
 TOKENS = 90  # with N = 21..24: the window wraps four or five times
@@ -198,7 +199,7 @@ def test_trees_verify_chains_with_a_note(tree):
     drafter = ModelDrafter(draft, max_kv_size=MIN_KV_SIZE)
     stats = GenerationStats()
     got, dec = speculate(target, drafter, "auto", MIN_KV_SIZE, tree=tree, stats=stats)
-    assert not dec.trees and "KV cache is bounded" in dec.tree_note
+    assert not dec.trees and dec.tree_note.kind == BOUNDED_CACHE and "KV cache is bounded" in dec.tree_note.text
     assert any("verifying chains" in n and "max_kv_size" in n for n in stats.notes), stats.notes
     assert stats.tree_rounds == 0
     assert got == mlx_lm_greedy(target, PROMPT, TOKENS, MIN_KV_SIZE)

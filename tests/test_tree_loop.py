@@ -18,6 +18,7 @@ from mlxspec.draft_length import PerToken
 from mlxspec.drafters import LayerSkipDrafter, ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
+from mlxspec.tree_round import MODEL_TYPE
 from stats_util import chi_square
 
 
@@ -175,15 +176,30 @@ def models():
     return tiny_models.build(cfg, seed=3, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
 
 
+def chain_notes(dec) -> list:
+    stats = GenerationStats()
+    list(dec.generate([7, 19, 200, 31, 31, 5], max_tokens=4, stats=stats))
+    return [n for n in stats.notes if n.startswith("verifying chains")]
+
+
 def test_no_tree_and_unsupported_drafters_verify_chains():
+    """A chain drafter or a fixed k verifies chains as the user chose: a note in the stats
+    only where trees were asked for (tree=True)."""
+    from mlxspec.draft_length import FixedK
+    from mlxspec.drafters import PromptLookupDrafter
+    from mlxspec.tree_round import DRAFTER, FIXED_K
+
     target, drafts = ge.models("llama")
     assert not SpeculativeDecoder(target, ModelDrafter(drafts[0]), wide(), tree=False).trees
-    dec = SpeculativeDecoder(target, LayerSkipDrafter(target), wide())
-    assert not dec.trees and "layer-skip" in dec.tree_note
-    from mlxspec.draft_length import FixedK
-
-    dec = SpeculativeDecoder(target, ModelDrafter(drafts[0]), FixedK(3))
-    assert not dec.trees and "--num-draft auto" in dec.tree_note
+    for make, kind, phrase in ((lambda: LayerSkipDrafter(target), DRAFTER, "layer-skip"),
+                               (lambda: PromptLookupDrafter(), DRAFTER, "lookup drafter"),
+                               (lambda: ModelDrafter(drafts[0]), FIXED_K, "--num-draft auto")):
+        for tree in (None, True):
+            policy = FixedK(3) if kind == FIXED_K else wide()
+            dec = SpeculativeDecoder(target, make(), policy, tree=tree)
+            assert not dec.trees and dec.tree_note.kind == kind and phrase in dec.tree_note.text
+            notes = chain_notes(dec)
+            assert notes == ([f"verifying chains: {dec.tree_note.text}"] if tree else []), (phrase, tree, notes)
 
 
 def test_a_model_without_tree_support_says_so_and_verifies_chains():
@@ -197,6 +213,7 @@ def test_a_model_without_tree_support_says_so_and_verifies_chains():
     stats = GenerationStats()
     got = [t for t, _ in dec.generate([7, 8, 9], max_tokens=12, stats=stats)]
     assert not dec.trees and stats.tree_rounds == 0 and stats.draft_proposed > 0
+    assert dec.tree_note.kind == MODEL_TYPE  # noted although trees were not asked for: unexpected
     assert any("verifying chains" in n and "'exotic'" in n for n in stats.notes), stats.notes
     assert got == ge.plain(target, [7, 8, 9])[:12]
 
