@@ -1,15 +1,26 @@
 import os
+import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-# cost-model calibrations of the tests' throw-away models go to a temp folder, not the user's cache
-os.environ.setdefault("MLXSPEC_CALIBRATION_DIR", tempfile.mkdtemp(prefix="mlxspec-calibration-"))
+# cost-model calibrations of the tests' throw-away models go to a temp folder, not the user's
+# cache; one made here is removed when the session ends (one given in the environment is kept)
+CALIBRATION_TMP = None
+if "MLXSPEC_CALIBRATION_DIR" not in os.environ:
+    CALIBRATION_TMP = tempfile.mkdtemp(prefix="mlxspec-calibration-")
+    os.environ["MLXSPEC_CALIBRATION_DIR"] = CALIBRATION_TMP
 
 import mlxspec  # noqa: E402,F401  (preloads OpenBLAS before mlx.core)
 import pytest  # noqa: E402
 
 import tiny_models  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After every fixture's teardown (servers stopped): nothing writes calibrations any more."""
+    if CALIBRATION_TMP:
+        shutil.rmtree(CALIBRATION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

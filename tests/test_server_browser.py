@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -44,14 +46,17 @@ def server(tmp_path_factory):
 
 
 class Browser:
-    """Headless chromium and one page, spoken to over the Chrome DevTools Protocol."""
+    """Headless chromium and one page, spoken to over the Chrome DevTools Protocol.
+    Its temp folder is `tmp`, beside the profile: chromium leaves its singleton-socket
+    folder behind when terminated (one org.chromium.Chromium.* in /tmp per run)."""
 
-    def __init__(self, profile):
+    def __init__(self, profile, tmp):
+        tmp.mkdir()
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--no-default-browser-check", "--disable-extensions", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "--window-size=1000,800", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp)})
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -134,7 +139,7 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
     target = mlxspec.load(MODEL, no_draft=True)
     first = "Name three animals that live in the sea."
     ref1 = api.generate(target, [{"role": "user", "content": first}], max_tokens=N, drafter="none")
-    browser = Browser(tmp_path / "profile")
+    browser = Browser(tmp_path / "profile", tmp_path / "chromium-tmp")
     try:
         browser.call("Page.enable")
         browser.call("Page.navigate", url=server.url + "/")
@@ -169,3 +174,5 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
         print(f"\nscreenshot: {shot}")
     finally:
         browser.close()
+    socket = tmp_path / "profile" / "SingletonSocket"  # a link into chromium's temp folder, if left
+    assert not socket.is_symlink() or (tmp_path / "chromium-tmp") in Path(os.readlink(socket)).parents

@@ -22,7 +22,7 @@ from mlxspec.tree_round import MODEL_TYPE
 from stats_util import chi_square
 
 
-TREE_SAMPLES = 1500  # the broken control below fails at p ~ 1e-40 with these; the sound rule passes at p ~ 0.9
+TREE_SAMPLES = 600  # the broken control below fails at p ~ 1e-15 with these (threshold 1e-6); sound trees pass at p > 0.3
 
 
 def wide(max_k=8):
@@ -163,8 +163,9 @@ def test_chi_square_fails_when_siblings_see_the_unchanged_target(models, monkeyp
     target, _ = models
     probs = sd.exact_sequence_probs(target, sd.PARAMS)
     counts, _ = tree_samples(models, sd.PARAMS)
-    _, _, pval = chi_square(counts, probs, TREE_SAMPLES)
-    assert pval < 1e-6
+    stat, df, pval = chi_square(counts, probs, TREE_SAMPLES)
+    print(f"siblings against p: chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-6, f"siblings tried against the unchanged target went unnoticed: p={pval:.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -219,22 +220,33 @@ def test_a_model_without_tree_support_says_so_and_verifies_chains():
 
 
 @pytest.mark.real
-def test_cli_tree_and_no_tree(tmp_path):
+def test_cli_tree_and_no_tree(tmp_path, monkeypatch):
     """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
-    (their figures in the stats), chains with --no-tree; the same greedy text."""
+    (their figures in the stats), chains with --no-tree; the same greedy text.  The
+    pair's cost model is given (a cached calibration saying drafting costs 0.3 of a
+    target step): this machine's own would make a model drafting for itself dear, and
+    trees rare (one round in 24 tokens), besides a calibration run."""
     import json
+    from types import SimpleNamespace
 
     from cli_util import run_cli
-    from mlxspec import weights
+    from mlxspec import cost_model, weights
+    from mlxspec.loading import resolve_model_dir
 
     if not weights.is_present("smollm2-135m"):
         pytest.skip("smollm2-135m not fetched (mlxspec pull smollm2-135m)")
+    folder = resolve_model_dir("smollm2-135m")
+    monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(tmp_path / "calibration"))  # save's folder, and the CLI's
+    cost_model.save(cost_model.cache_key(SimpleNamespace(target_path=folder, draft_path=folder),
+                                         SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)),
+                    cost_model.assumed(0.3))
     base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
-            "--ignore-chat-template", "-m", "24", "--json")
+            "--ignore-chat-template", "-m", "12", "--json")
     out = {}
     for flag in ("--tree", "--no-tree"):
         res = run_cli(tmp_path, *base, flag)
         assert res.returncode == 0, res.stderr
+        assert "calibrating" not in res.stderr  # the given cost model was found
         out[flag] = json.loads(res.stdout)
     assert out["--tree"]["tokens"] == out["--no-tree"]["tokens"]
     assert out["--tree"]["stats"]["tree"]["rounds"] > 0

@@ -123,11 +123,11 @@ def test_frequency_table_counts_the_corpus_and_refuses_another_tokenizer(tmp_pat
 def test_smollm2_with_the_default_pruned_head_equals_plain_greedy(smollm2_pair):
     pair = smollm2_pair
     prompt = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-    plain = mlxspec.generate(pair, prompt, max_tokens=40, drafter="none")
+    plain = mlxspec.generate(pair, prompt, max_tokens=24, drafter="none")
     for vocab in (16384, 4096):  # a third of the 49152-token vocabulary, and a small subset that misses more
-        res = mlxspec.generate(pair, prompt, max_tokens=40, num_draft=4, draft_vocab=vocab)
+        res = mlxspec.generate(pair, prompt, max_tokens=24, num_draft=4, draft_vocab=vocab)
         assert res.tokens == plain.tokens
-        assert res.stats.draft_accepted > 0
+        assert res.stats.draft_accepted > 0  # (24 tokens: 19 of 19 drafts kept, and 18 of 24 with 4096)
     d = mlxspec.api.make_drafter(pair, "model", draft_vocab=16384)
     assert d.subset is not None and d.subset.size == 16384
     assert mlxspec.api.make_drafter(pair, "model", draft_vocab="full").subset is None
