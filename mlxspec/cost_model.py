@@ -26,13 +26,14 @@ import os
 import platform
 import sys
 import time
+from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 1
-WIDTHS = (1, 2, 4, 8, 16)  # verify widths measured; others are interpolated linearly
+FORMAT = 2  # 2: more widths, medians (format 1's minima of two repeats under-priced wide passes ~20 %)
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # verify widths measured; others are interpolated linearly
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
-REPEATS = 2  # timed repeats after one warm-up pass
+REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
 
 
 @dataclass
@@ -203,9 +204,9 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     target.reset()
     if k_draft:
         drafter.reset()
-    plain = min(times[1])
-    rel = {w: min(times[w]) / plain for w in widths}
-    draft = min(times["draft"]) / plain if k_draft else getattr(drafter, "relative_cost", 0.0)
+    plain = median(times[1])
+    rel = {w: median(times[w]) / plain for w in widths}
+    draft = median(times["draft"]) / plain if k_draft else getattr(drafter, "relative_cost", 0.0)
     verify = [round(v, 2) for v in _fill(rel, max(widths) + 1)]
     verify[0] = 1.0
     return CostModel(round(draft, 2), verify, plain, "measured")
