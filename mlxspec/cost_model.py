@@ -204,9 +204,18 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     target.reset()
     if k_draft:
         drafter.reset()
+    if not k_draft:
+        del times["draft"]
+    return from_times(times, getattr(drafter, "relative_cost", 0.0))
+
+
+def from_times(times: dict, relative_cost: float = 0.0) -> CostModel:
+    """The cost model from timed repeats: {width: [seconds, ...], "draft": [seconds per step, ...]}
+    (no "draft": the drafter's own `relative_cost`).  Medians, relative to the one-position pass."""
+    widths = [w for w in times if w != "draft"]
     plain = median(times[1])
     rel = {w: median(times[w]) / plain for w in widths}
-    draft = median(times["draft"]) / plain if k_draft else getattr(drafter, "relative_cost", 0.0)
+    draft = median(times["draft"]) / plain if "draft" in times else relative_cost
     verify = [round(v, 2) for v in _fill(rel, max(widths) + 1)]
     verify[0] = 1.0
     return CostModel(round(draft, 2), verify, plain, "measured")

@@ -78,3 +78,27 @@ def test_calibrate_command_measures_and_prints(tiny_pair_dirs, calib_dir):
                          "--json"], capture_output=True, text=True, env={**os.environ}, timeout=300)
     doc = json.loads(js.stdout)
     assert doc["source"] == "measured" and doc["verify"][0] == 1.0
+
+
+def test_a_lucky_pass_does_not_set_the_price():
+    """One fast repeat among slow ones (a quiet moment on a shared machine) must not
+    make a wide pass look cheap: format 1 took the minimum of two repeats and priced a
+    9-position pass at 1.51 plain steps where the loop's passes took ~1.7."""
+    times = {1: [0.40, 0.41, 0.40], 8: [0.48, 0.68, 0.70], "draft": [0.12, 0.12, 0.13]}
+    cm = cost_model.from_times(times)
+    assert cm.verify_width(8) == pytest.approx(0.68 / 0.40, abs=0.01)
+    assert cm.draft_step == pytest.approx(0.30, abs=0.01)
+
+
+def test_a_calibration_from_the_older_format_is_measured_again(tiny_pair, calib_dir, capsys):
+    """Format-1 files (minima of two repeats, five widths) under-priced wide passes: an
+    upgrade measures again rather than trust them."""
+    first = make_decoder(tiny_pair).policy.cost
+    path = next(calib_dir.glob("*.json"))
+    old = json.loads(path.read_text())
+    old["format"], old["verify"] = 1, [1.0] * len(old["verify"])
+    path.write_text(json.dumps(old))
+    capsys.readouterr()
+    again = make_decoder(tiny_pair).policy.cost
+    assert again.source == "measured" and "measuring again" in capsys.readouterr().err
+    assert first.verify[0] == again.verify[0] == 1.0
