@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -47,16 +48,18 @@ def server(tmp_path_factory):
 
 class Browser:
     """Headless chromium and one page, spoken to over the Chrome DevTools Protocol.
-    Its temp folder is `tmp`, beside the profile: chromium leaves its singleton-socket
+    Its temp folder is its own (`tmp`), removed on close: chromium leaves its singleton-socket
     folder behind when terminated (one org.chromium.Chromium.* in /tmp per run)."""
 
-    def __init__(self, profile, tmp):
-        tmp.mkdir()
+    def __init__(self, profile):
+        # short: chromium's singleton socket lives in it, and a UNIX socket path has at most
+        # 107 bytes (under pytest's tmp_path, named after this test, chromium would not start)
+        self.tmp = Path(tempfile.mkdtemp(prefix="mlxspec-chromium-"))
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--no-default-browser-check", "--disable-extensions", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "--window-size=1000,800", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp)})
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(self.tmp)})
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().strip()):
@@ -108,6 +111,7 @@ class Browser:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 REPLY = """(() => {
@@ -139,7 +143,7 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
     target = mlxspec.load(MODEL, no_draft=True)
     first = "Name three animals that live in the sea."
     ref1 = api.generate(target, [{"role": "user", "content": first}], max_tokens=N, drafter="none")
-    browser = Browser(tmp_path / "profile", tmp_path / "chromium-tmp")
+    browser = Browser(tmp_path / "profile")
     try:
         browser.call("Page.enable")
         browser.call("Page.navigate", url=server.url + "/")
@@ -175,4 +179,5 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
     finally:
         browser.close()
     socket = tmp_path / "profile" / "SingletonSocket"  # a link into chromium's temp folder, if left
-    assert not socket.is_symlink() or (tmp_path / "chromium-tmp") in Path(os.readlink(socket)).parents
+    assert not socket.is_symlink() or browser.tmp in Path(os.readlink(socket)).parents
+    assert not browser.tmp.exists()
