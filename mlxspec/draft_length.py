@@ -71,6 +71,26 @@ PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallbac
 Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound on the mean acceptance that `more` bets on
 
 
+class Mean:
+    """A source's mean acceptance: `kept` of `seen` outcomes (decayed, the prior
+    included) and the `evidence` behind its optimistic bound (the prior's weight plus
+    every outcome since, not decayed)."""
+
+    def __init__(self, prior: float):
+        self.kept, self.seen, self.evidence = prior * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT
+
+    def add(self, kept: bool) -> None:
+        self.kept, self.seen, self.evidence = DECAY * self.kept + kept, DECAY * self.seen + 1, self.evidence + 1
+
+    def halve(self) -> None:
+        """Forget half of it (a probe's outcomes then count)."""
+        self.kept, self.seen, self.evidence = self.kept / 2, self.seen / 2, self.evidence / 2
+
+    def value(self, optimistic: bool = False) -> float:
+        a = self.kept / self.seen
+        return min(1.0, a + Z_80 * (a * (1 - a) / self.evidence) ** 0.5) if optimistic else a
+
+
 def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_cost, rate_t: float,
                rate_e: float, horizon: int) -> bool:
     """Would drafting h more tokens raise the round's expected rate E/T for some h <= horizon?
@@ -183,10 +203,7 @@ class PerToken:
         centers = [(lo + hi) / 2 for lo, hi in zip((0.0,) + BUCKETS, BUCKETS + (1.0,))]
         self.kept = [c * PRIOR_WEIGHT for c in centers] + [0.5 * PRIOR_WEIGHT]
         self.seen = [PRIOR_WEIGHT] * (len(centers) + 1)
-        # mean acceptance per source: [kept, seen] (decayed, with the prior), and the evidence behind
-        # its optimistic bound (the prior's weight plus every outcome since, not decayed)
-        self.mean = {False: [0.6 * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT],
-                     True: [0.5 * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT]}
+        self.mean = {False: Mean(0.6), True: Mean(0.5)}  # by source: the draft model, lookup (True)
         self.siblings = [1.0, 1.0]  # a tree's later siblings: [taken, predicted] (tree_budget.py)
         self.forced = False  # a probe: draft regardless of the rule
         self.plain_since, self.probe_wait, self.fallback = 0, PROBE_EVERY, False
@@ -207,9 +224,7 @@ class PerToken:
         return self.kept[b] / self.seen[b]
 
     def mean_acceptance(self, lookup: bool = False, optimistic: bool = False) -> float:
-        kept, seen, evidence = self.mean[lookup]
-        a = kept / seen
-        return min(1.0, a + Z_80 * (a * (1 - a) / evidence) ** 0.5) if optimistic else a
+        return self.mean[lookup].value(optimistic)
 
     def sibling_scale(self) -> float:
         """How much more (or less) often a tree's later siblings are taken than their
@@ -268,8 +283,8 @@ class PerToken:
         if self.plain_since >= self.probe_wait:
             self.forced, self.plain_since = True, 0
             self.probe_wait = min(2 * self.probe_wait, PROBE_MAX)
-            for m in self.mean.values():  # forget half, so that the probe counts
-                m[0], m[1], m[2] = m[0] / 2, m[1] / 2, m[2] / 2
+            for m in self.mean.values():  # so that the probe counts
+                m.halve()
             return self.max_k
         return 0
 
@@ -291,14 +306,12 @@ class PerToken:
             outcomes = outcomes + [("refused", False)]
         for conf, kept in outcomes:
             if conf == "refused":
-                m = self.mean[False]
-                m[0], m[1], m[2] = DECAY * m[0], DECAY * m[1] + 1, m[2] + 1
+                self.mean[False].add(False)
                 continue
             b = self._bucket(conf)
             self.kept[b] = DECAY * self.kept[b] + kept
             self.seen[b] = DECAY * self.seen[b] + 1
-            m = self.mean[conf is None]
-            m[0], m[1], m[2] = DECAY * m[0] + kept, DECAY * m[1] + 1, m[2] + 1
+            self.mean[conf is None].add(kept)
 
     def _note(self, text: str) -> None:
         if self.stats is not None:
