@@ -176,7 +176,7 @@ def format_advice(adv: dict, pair_desc: str) -> str:
     if auto["k"]:
         lines.append(f"  auto (the default, the per-token policy): about {auto['k']} drafts per round, "
                      f"predicted {auto['speedup']:.2f}x")
-        lines.append("  (predicted for chains; the default also verifies token trees with prompt-lookup branches "
+        lines.append("  (predicted for chains; the default also verifies token trees grown from prompt lookup's spine "
                      "where the model allows, which `mlxspec bench` measures: model:auto vs model:auto:chain)")
     else:
         lines.append("  auto (the default, the per-token policy): falls back to plain decoding (1.00x)")

@@ -18,16 +18,18 @@ class DraftTree:
     tokens: list = field(default_factory=list)
     parents: list = field(default_factory=list)
     q: list = field(default_factory=list)  # numpy (V,) proposal per node, or None
-    confidence: list = field(default_factory=list)  # the draft's top probability at the parent (None: lookup)
+    confidence: list = field(default_factory=list)  # the draft's top probability at the parent (None: a lookup token the draft did not propose first)
     rank: list = field(default_factory=list)  # 0 for a first child, 1 for the second, ...
     estimate: list = field(default_factory=list)  # estimated P(target takes it | parent taken), or None
     draft_p: list = field(default_factory=list)  # the draft's probability of the token at its parent, or None
+    lookup: list = field(default_factory=list)  # proposed by prompt lookup (q None; a confidence where the draft agreed)
     _children: dict = field(default_factory=dict)
 
     def __len__(self):
         return len(self.tokens)
 
-    def add(self, token: int, parent: int = -1, q=None, confidence=None, estimate=None, draft_p=None) -> int:
+    def add(self, token: int, parent: int = -1, q=None, confidence=None, estimate=None, draft_p=None,
+            lookup: bool = False) -> int:
         if not -1 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} is not an earlier node")
         kids = self._children.setdefault(parent, [])
@@ -37,6 +39,7 @@ class DraftTree:
         self.confidence.append(confidence)
         self.estimate.append(estimate)
         self.draft_p.append(draft_p)
+        self.lookup.append(lookup)
         self.rank.append(len(kids))
         kids.append(len(self.tokens) - 1)
         return len(self.tokens) - 1

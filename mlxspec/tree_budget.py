@@ -52,6 +52,29 @@ class TreeBudget:
     def sibling(self, probability: float) -> float:
         return min(1.0, probability * self.policy.sibling_scale())
 
+    def lookup_child(self, confidence: float, agree: bool) -> float:
+        """A spine (lookup) token's estimate, given the draft's top probability at its
+        parent and whether the draft's top token is that same token: the better of the
+        two sources' estimates where they agree; the lookup's, discounted by the draft's
+        confidence in another token, where they do not."""
+        lookup = self.policy.acceptance(None)
+        return max(lookup, self.first_child(confidence)) if agree else lookup * (1.0 - confidence)
+
+    def lookup_feed(self, pending: int, count: int) -> int:
+        """How many of a lookup continuation's first `count` tokens to feed with the
+        draft's first forward (`pending` positions without them).  Each one held saves a
+        draft step; it costs the width it adds to that forward (in draft steps, the
+        verify curve's increment, as for a level's extra nodes).  Feed while the chance
+        that all of them hold, at the lookup's observed acceptance, beats that width."""
+        a, v, n, cm = self.policy.acceptance(None), 1.0, 0, self.cost
+        while n < min(count, self.k, self.max_nodes):
+            v *= a
+            if v < cm.verify_width(pending + n + 1) - cm.verify_width(pending + n):
+                break
+            n += 1
+        self.t += cm.draft_step * (cm.verify_width(pending + n) - cm.verify_width(pending))
+        return n
+
     def _later(self, j: int) -> float:
         """The cost of the j-th node below the next one on a path (for pays_ahead)."""
         return self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)

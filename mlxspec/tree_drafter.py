@@ -1,17 +1,24 @@
 """Growing a draft tree with the draft model, level by level (EAGLE-2's dynamic
-trees, with the size rule of tree_budget.py).
+trees, with the size rule of tree_budget.py), prompt lookup's continuation first.
 
-The draft feeds what it lacks of the history; its last row is the root's
-distribution.  Each level: the nodes chosen for expansion are fed to the draft
-together, as one tree block (tree_attention.py: one batched forward, each node
-seeing only its ancestors); each gets up to MAX_BRANCH children, ranked by
-estimated value; the tree takes the candidates worth verifying and the best of
-those are expanded next.  Greedy: children are the draft's top tokens.
-Sampling: children are drawn from the draft's processed distribution q without
-replacement (each keeps the renormalised q it was drawn from, for the
-acceptance rule), and a child is drawn only after deciding to add it -- the
-decision looks at q's sorted probabilities, never at the drawn token, which
-would bias the proposals.
+The draft feeds what it lacks of the history, and with it -- in the same
+forward -- prompt lookup's continuation (the spine): where the text repeats
+earlier text, one draft forward then scores a whole run of tokens instead of one
+token per forward.  The spine's tokens become the tree's first children, one-hot
+proposals (q = None), while the draft's own opinion of each (its top token
+there, and how sure it is) sets their estimate; the draft's other candidates at
+each spine node are their siblings.  From every node whose draft distribution
+is known, the tree then grows as without lookup: each level, the nodes chosen
+for expansion are fed to the draft together, as one tree block (tree_attention.py:
+one batched forward, each node seeing only its ancestors); each gets up to
+MAX_BRANCH children, ranked by estimated value; the tree takes the candidates
+worth verifying and the best of those are expanded next.  Greedy: children are
+the draft's top tokens.  Sampling: children are drawn from the draft's processed
+distribution q without replacement (each keeps the renormalised q it was drawn
+from, for the acceptance rule; a spine token already there is removed from q
+first), and a child is drawn only after deciding to add it -- the decision looks
+at q's sorted probabilities, never at the drawn token, which would bias the
+proposals.
 
 After the round `commit(path)` keeps, in the draft's cache, the accepted nodes it
 has fed; the next round's `sync` feeds the rest, as with chains.
@@ -34,43 +41,27 @@ class TreeDraft:
 
     def __init__(self, drafter, history: list[int], params: SamplingParams, rng: np.random.Generator | None,
                  budget: TreeBudget, lookup=None):
+        """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine."""
         self.drafter, self.params, self.rng, self.budget = drafter, params, rng, budget
         self.history = history
         self.tree = DraftTree()
         self.fed: dict[int, int] = {}  # tree node -> draft block index
+        self.depth: dict[int, int] = {-1: 0}  # tree node -> depth (the root: 0)
         self.expanded: list[int] = []  # tree nodes whose children were proposed (-1: the root)
         state = drafter.state
         pending = state.sync(history)
         self.block = TreeBlock(state)
-        self._pending = len(pending)
+        self._pending = m = len(pending)
         if not budget.expand([1.0], 0):
             return
-        logits = self.block.forward(pending, list(range(-1, len(pending) - 1)))
-        self._grow(logits[-1:], [-1], [1.0])
-        if lookup is not None:
-            self._add_lookup(lookup.lookup(history, budget.k))
+        spine = lookup.lookup(history, budget.k) if lookup is not None else []
+        spine = spine[: budget.lookup_feed(m, len(spine))]
+        logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)))
+        self._grow(logits[m - 1:], spine)
 
-    def _add_lookup(self, tokens: list[int]):
-        """Prompt lookup's continuation as a branch: it follows the tree where the
-        draft proposed the same tokens and goes on as one-hot proposals (q = None)
-        where it did not, while the budget finds each node worth its verify cost."""
-        tree, budget = self.tree, self.budget
-        node, v = -1, 1.0
-        for depth, tok in enumerate(tokens, 1):
-            same = next((c for c in tree.children(node) if tree.tokens[c] == tok), None)
-            if same is not None:
-                node, v = same, v * (tree.estimate[same] or 0.0)
-                continue
-            a = budget.first_child(None)
-            if depth > budget.k or not budget.include(v * a):
-                return
-            node, v = tree.add(tok, node, None, None, a), v * a
-
-    def _context(self, node: int) -> list[int]:
-        return self.history + [self.tree.tokens[j] for j in self.tree.path(node)] if node >= 0 else self.history
-
-    def _distributions(self, logits: mx.array, nodes: list[int]):
-        """Per node: (top probability, ranked (token, probability) candidates, q or None)."""
+    def _distributions(self, logits: mx.array, paths: list[list[int]]):
+        """Per row (its tokens after the history in `paths`): (top probability, ranked
+        (token, probability) candidates, q or None, the draft's top token)."""
         d, params = self.drafter, self.params
         sub = d.subset
         if params.greedy and not params.uses_context:
@@ -83,46 +74,78 @@ class TreeDraft:
             out = []
             for pr, tk in zip(probs.tolist(), ids.tolist()):
                 ranked = sorted(zip(tk, pr), key=lambda c: -c[1])
-                out.append((ranked[0][1], ranked, None))
+                out.append((ranked[0][1], ranked, None, ranked[0][0]))
             return out
         if sub is not None:
             logits = sub.scatter(logits)
-        contexts = [self._context(n) for n in nodes] if params.uses_context else None
+        contexts = [self.history + p for p in paths] if params.uses_context else None
         lp = process_logits(logits, params, contexts)
         q = np.array(mx.exp(lp).astype(mx.float32), dtype=np.float64)
         out = []
         for row in q:
             row = row / row.sum()
+            best = int(np.argmax(row))
             if params.greedy:
                 order = np.argsort(-row)[:MAX_BRANCH]
-                out.append((float(row[order[0]]), [(int(t), float(row[t])) for t in order], None))
+                out.append((float(row[order[0]]), [(int(t), float(row[t])) for t in order], None, best))
             else:
                 top = -np.sort(-np.partition(row, -MAX_BRANCH)[-MAX_BRANCH:]) if row.size > MAX_BRANCH \
                     else np.sort(row)[::-1]
-                out.append((float(top[0]), [(None, float(p)) for p in top if p > 0], row))
+                out.append((float(top[0]), [(None, float(p)) for p in top if p > 0], row, best))
         return out
 
-    def _grow(self, logits: mx.array, nodes: list[int], values: list[float]):
-        depth = 0
+    def _check(self, dists):
+        if any(c != c for c, *_ in dists):
+            raise MlxspecError("the draft model produced NaN logits: its weights are corrupt or overflow in "
+                               "this dtype; re-convert or re-download it, or use --no-draft")
+
+    def _add_spine(self, spine: list[int], dists: list):
+        """Add the lookup tokens the budget finds worth verifying, as a chain from the
+        root; return the nodes whose draft distributions are known (the root and the
+        spine nodes added), their values and distributions."""
+        tree, budget = self.tree, self.budget
+        nodes, values, rows = [-1], [1.0], [dists[0]]
+        parent, v = -1, 1.0
+        for i, tok in enumerate(spine):
+            conf, _, _, best = dists[i]
+            agree = best == tok
+            a = budget.lookup_child(conf, agree)
+            if not budget.include(v * a, i + 1):
+                break
+            # a token the draft would have proposed first counts as the draft's (its confidence bucket)
+            parent = tree.add(tok, parent, None, conf if agree else None, a, conf if agree else None, lookup=True)
+            v *= a
+            self.fed[parent] = self._pending + i
+            self.depth[parent] = i + 1
+            nodes.append(parent)
+            values.append(v)
+            rows.append(dists[i + 1])
+        return nodes, values, rows
+
+    def _grow(self, logits: mx.array, spine: list[int]):
         budget, tree = self.budget, self.tree
+        dists = self._distributions(logits, [spine[:i] for i in range(len(spine) + 1)])
+        self._check(dists)
+        nodes, values, dists = self._add_spine(spine, dists)
         while True:
-            dists = self._distributions(logits, nodes)
-            if any(c != c for c, _, _ in dists):
-                raise MlxspecError("the draft model produced NaN logits: its weights are corrupt or overflow in "
-                                   "this dtype; re-convert or re-download it, or use --no-draft")
             self.expanded.extend(nodes)
             cands = []  # (value, parent, rank, token or None, confidence, q, estimate, draft probability)
-            for node, v, (conf, ranked, q) in zip(nodes, values, dists):
-                if self.drafter.p_min > 0 and conf < self.drafter.p_min:
+            for node, v, (conf, ranked, q, best) in zip(nodes, values, dists):
+                if (self.drafter.p_min > 0 and conf < self.drafter.p_min) or self.depth[node] >= budget.k:
                     continue
-                for r, (tok, p) in enumerate(ranked):
+                there = [tree.tokens[c] for c in tree.children(node)]  # a spine token
+                if there:  # the draft's candidates besides it
+                    ranked = [c for c in ranked if c[0] not in there] if ranked[0][0] is not None \
+                        else ranked[1:] if best in there else ranked
+                for r, (tok, p) in enumerate(ranked, len(there)):
                     a = budget.first_child(conf) if r == 0 else budget.sibling(p)
                     cands.append((v * a, node, r, tok, conf, q, a, p))
             cands.sort(key=lambda c: (-c[0], c[1], c[2]))
             added = []
-            last_rank: dict[int, int] = {}
+            last_rank = {node: len(tree.children(node)) - 1 for node in nodes}
             for v, parent, r, tok, conf, q, a, p in cands:
-                if last_rank.get(parent, -1) != r - 1 or not budget.include(v, depth + 1 if r == 0 else None):
+                depth = self.depth[parent] + 1
+                if last_rank[parent] != r - 1 or not budget.include(v, depth if r == 0 else None):
                     continue  # a sibling only after the ones ranked above it
                 last_rank[parent] = r
                 q_node = None
@@ -131,18 +154,23 @@ class TreeDraft:
                     if q_node is None:
                         continue
                     tok = int(self.rng.choice(q_node.size, p=q_node))
-                added.append((v, tree.add(tok, parent, q_node, conf, a, p)))
-            depth += 1
-            added.sort(key=lambda c: -c[0])
-            n = budget.expand([v for v, _ in added], depth) if added else 0
+                node = tree.add(tok, parent, q_node, conf, a, p)
+                self.depth[node] = depth
+                added.append((v, node))
+            growable = sorted(((v, c) for v, c in added if self.depth[c] < budget.k), key=lambda c: -c[0])
+            if added and not growable:
+                budget.stop_reason = "cap"
+            n = budget.expand([v for v, _ in growable], self.depth[growable[0][1]]) if growable else 0
             if not n:
                 return
-            chosen = [node for _, node in added[:n]]
+            chosen = [node for _, node in growable[:n]]
             parents = [self._block_index(tree.parents[c]) for c in chosen]
             logits = self.block.forward([tree.tokens[c] for c in chosen], parents)
-            for c in chosen:
-                self.fed[c] = len(self.block) - len(chosen) + chosen.index(c)
-            nodes, values = chosen, [v for v, _ in added[:n]]
+            for i, c in enumerate(chosen):
+                self.fed[c] = len(self.block) - len(chosen) + i
+            nodes, values = chosen, [v for v, _ in growable[:n]]
+            dists = self._distributions(logits, [[tree.tokens[j] for j in tree.path(c)] for c in chosen])
+            self._check(dists)
 
     def _remaining(self, parent: int, q: np.ndarray):
         taken = [self.tree.tokens[c] for c in self.tree.children(parent)]

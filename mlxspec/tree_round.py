@@ -75,7 +75,7 @@ def _seed(key) -> int:
 
 def run_tree_round(target, drafter, policy, history: list[int], k: int, params: SamplingParams,
                    k_draft, k_verify, target_name: str, lookup=None) -> TreeResult:
-    """`lookup`: a PromptLookupDrafter whose continuation joins the tree as a branch."""
+    """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine (tree_drafter.py)."""
     t0 = time.perf_counter()
     budget = TreeBudget(policy, k)
     rng = None if params.greedy else np.random.default_rng(_seed(k_draft))
@@ -109,7 +109,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     draft.commit(path)
     return TreeResult(len(tree), tree.max_depth, [tree.tokens[j] for j in path], nxt,
                       _outcomes(tree, draft, path, policy), sum(tree.rank[j] > 0 for j in path),
-                      sum(tree.confidence[j] is None for j in path), budget, draft_time)
+                      sum(tree.lookup[j] for j in path), budget, draft_time)
 
 
 def _outcomes(tree, draft: TreeDraft, path: list, policy) -> list:
@@ -127,8 +127,10 @@ def _outcomes(tree, draft: TreeDraft, path: list, policy) -> list:
             break
         first = kids[0]
         out.append((tree.confidence[first], taken == first))
-        out.extend((None, taken == c) for c in kids[1:] if tree.confidence[c] is None)  # lookup branches
-        later = [c for c in kids[1:] if tree.confidence[c] is not None]
+        if tree.lookup[first] and tree.confidence[first] is not None:  # the draft agreed: the lookup's outcome too
+            out.append((None, taken == first))
+        out.extend((None, taken == c) for c in kids[1:] if tree.lookup[c])  # lookup branches
+        later = [c for c in kids[1:] if not tree.lookup[c]]
         if later and hasattr(policy, "update_siblings"):
             predicted = sum(tree.draft_p[c] for c in later)  # what the draft gave them
             policy.update_siblings(predicted, int(taken in later))
