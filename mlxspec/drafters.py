@@ -188,18 +188,23 @@ class PromptLookupDrafter(Drafter):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 index[tuple(toks[end - n + 1: end + 1])] = end
 
-    def lookup(self, history: list[int], k: int) -> list[int]:
-        """k tokens continuing `history`, or [] when no n-gram matches.  What followed
-        the match is copied; where that copy reaches the end of the history it repeats
-        with the match's period (text that loops, "a b c a b c a b" -> "c a b c ...")."""
+    def lookup(self, history: list[int], k: int, path: list[int] = ()) -> list[int]:
+        """k tokens continuing `history` + `path`, or [] when no n-gram matches.  `path`:
+        tokens proposed after the history (a draft tree's node), matched but not
+        indexed, so that looking up after one node and then another costs no rebuild.
+        What followed the match is copied; where that copy reaches the end of the
+        text it repeats with the match's period (text that loops, "a b c a b c a b" ->
+        "c a b c ...")."""
         self._sync(history)
-        toks = self._tokens
-        for n in range(min(self.max_ngram, len(toks)), self.min_ngram - 1, -1):
-            end = self._index.get(tuple(toks[-n:]))
+        toks, path = self._tokens, list(path)
+        tail = toks[-self.max_ngram:] + path
+        for n in range(min(self.max_ngram, len(toks) + len(path)), self.min_ngram - 1, -1):
+            end = self._index.get(tuple(tail[-n:]))
             if end is not None:
                 start = end + 1
-                period = len(toks) - start
-                return [toks[start + i % period] for i in range(k)]
+                period = len(toks) + len(path) - start
+                return [toks[j] if j < len(toks) else path[j - len(toks)]
+                        for j in (start + i % period for i in range(k))]
         return []
 
     def propose(self, history, k, params, key, rnd=None):

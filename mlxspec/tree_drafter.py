@@ -43,7 +43,7 @@ class TreeDraft:
                  budget: TreeBudget, lookup=None):
         """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine."""
         self.drafter, self.params, self.rng, self.budget = drafter, params, rng, budget
-        self.history = history
+        self.history, self.lookup = history, lookup
         self.tree = DraftTree()
         self.fed: dict[int, int] = {}  # tree node -> draft block index
         self.depth: dict[int, int] = {-1: 0}  # tree node -> depth (the root: 0)
@@ -54,8 +54,7 @@ class TreeDraft:
         self._pending = m = len(pending)
         if not budget.expand([1.0], 0):
             return
-        spine = lookup.lookup(history, budget.k) if lookup is not None else []
-        spine = spine[: budget.lookup_feed(m, len(spine))]
+        spine = self._lookup_under(-1, m)
         logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)))
         self._grow(logits[m - 1:], spine)
 
@@ -99,35 +98,52 @@ class TreeDraft:
             raise MlxspecError("the draft model produced NaN logits: its weights are corrupt or overflow in "
                                "this dtype; re-convert or re-download it, or use --no-draft")
 
-    def _add_spine(self, spine: list[int], dists: list):
-        """Add the lookup tokens the budget finds worth verifying, as a chain from the
-        root; return the nodes whose draft distributions are known (the root and the
-        spine nodes added), their values and distributions."""
+    def _path(self, node: int) -> list[int]:
+        """The tokens from the root down to `node` (after the history)."""
+        return [self.tree.tokens[j] for j in self.tree.path(node)]
+
+    def _lookup_under(self, node: int, width: int) -> list[int]:
+        """Prompt lookup's continuation after `node`, as much of it as is worth feeding
+        in a draft forward already `width` positions wide."""
+        if self.lookup is None or self.depth[node] >= self.budget.k:
+            return []
+        cont = self.lookup.lookup(self.history, self.budget.k - self.depth[node], self._path(node))
+        return cont[: self.budget.lookup_feed(width, len(cont))]
+
+    def _add_spine(self, parent: int, spine: list[int], spine_rows: list, fed_start: int, grown: tuple) -> None:
+        """Add, as a chain under `parent`, the spine tokens the budget finds worth
+        verifying.  `spine_rows[i]`: the draft's distribution after spine token i (fed
+        at block index fed_start + i).  `grown` = (nodes, values, rows): the nodes whose
+        draft distributions are known, `parent` among them; the added ones join."""
         tree, budget = self.tree, self.budget
-        nodes, values, rows = [-1], [1.0], [dists[0]]
-        parent, v = -1, 1.0
+        nodes, values, rows = grown
+        at = nodes.index(parent)
+        v, row, depth = values[at], rows[at], self.depth[parent]
         for i, tok in enumerate(spine):
-            conf, _, _, best = dists[i]
+            conf, _, _, best = row
             agree = best == tok
             a = budget.lookup_child(conf, agree)
-            if not budget.include(v * a, i + 1):
-                break
+            if depth + i >= budget.k or not budget.include(v * a, depth + i + 1):
+                return
             # a token the draft would have proposed first counts as the draft's (its confidence bucket)
             parent = tree.add(tok, parent, None, conf if agree else None, a, conf if agree else None, lookup=True)
-            v *= a
-            self.fed[parent] = self._pending + i
-            self.depth[parent] = i + 1
+            v, row = v * a, spine_rows[i]
+            self.fed[parent], self.depth[parent] = fed_start + i, depth + i + 1
             nodes.append(parent)
             values.append(v)
-            rows.append(dists[i + 1])
-        return nodes, values, rows
+            rows.append(row)
 
     def _grow(self, logits: mx.array, spine: list[int]):
+        """From the root (its pending tokens and `spine` fed, `logits` from the last
+        pending row on), level by level.  Each level feeds the chosen nodes, and under
+        the best of them lookup's continuation after it (a spine of its own)."""
         budget, tree = self.budget, self.tree
         dists = self._distributions(logits, [spine[:i] for i in range(len(spine) + 1)])
         self._check(dists)
-        nodes, values, dists = self._add_spine(spine, dists)
+        grown = ([-1], [1.0], dists[:1])
+        self._add_spine(-1, spine, dists[1:], self._pending, grown)
         while True:
+            nodes, values, dists = grown
             self.expanded.extend(nodes)
             cands = []  # (value, parent, rank, token or None, confidence, q, estimate, draft probability)
             for node, v, (conf, ranked, q, best) in zip(nodes, values, dists):
@@ -164,13 +180,18 @@ class TreeDraft:
             if not n:
                 return
             chosen = [node for _, node in growable[:n]]
+            base = len(self.block)
+            sub = self._lookup_under(chosen[0], n)
             parents = [self._block_index(tree.parents[c]) for c in chosen]
-            logits = self.block.forward([tree.tokens[c] for c in chosen], parents)
+            parents += [base] + list(range(base + n, base + n + len(sub) - 1)) if sub else []
+            logits = self.block.forward([tree.tokens[c] for c in chosen] + sub, parents)
             for i, c in enumerate(chosen):
-                self.fed[c] = len(self.block) - len(chosen) + i
-            nodes, values = chosen, [v for v, _ in growable[:n]]
-            dists = self._distributions(logits, [[tree.tokens[j] for j in tree.path(c)] for c in chosen])
+                self.fed[c] = base + i
+            paths = [self._path(c) for c in chosen]
+            dists = self._distributions(logits, paths + [paths[0] + sub[:i + 1] for i in range(len(sub))])
             self._check(dists)
+            grown = (chosen, [v for v, _ in growable[:n]], dists[:n])
+            self._add_spine(chosen[0], sub, dists[n:], base + n, grown)
 
     def _remaining(self, parent: int, q: np.ndarray):
         taken = [self.tree.tokens[c] for c in self.tree.children(parent)]

@@ -85,6 +85,28 @@ def test_lookup_index_matches_a_brute_force_search():
         assert got == want, (step, h[-6:])
 
 
+def test_lookup_after_a_path_matches_a_brute_force_search_and_keeps_the_index():
+    """lookup(history, k, path): the latest occurrence in the history of the last n
+    tokens of history + path, continued through history + path with its period; the
+    index still describes the history alone (no rebuild for the next node's path)."""
+    rng = np.random.default_rng(1)
+    d = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+    for step in range(200):
+        h = rng.integers(0, 5, int(rng.integers(1, 30))).tolist()
+        path = rng.integers(0, 5, int(rng.integers(0, 5))).tolist()
+        got = d.lookup(h, 4, path)
+        full, want = h + path, []
+        for n in range(min(3, len(full)), 0, -1):
+            tail = full[-n:]
+            ends = [e for e in range(n - 1, len(h) - 1) if h[e - n + 1: e + 1] == tail]
+            if ends:
+                start = ends[-1] + 1
+                want = (full[start:] * 4)[:4]
+                break
+        assert got == want, (step, h, path)
+        assert d._tokens == h
+
+
 def test_lookup_finds_matches_in_a_generation():
     """On input-grounded text (the prompt quotes what the target goes on to say: with
     attention switched off the target's next token depends on the current one only),

@@ -73,6 +73,25 @@ def test_the_spine_goes_in_with_the_drafts_first_forward(arch, monkeypatch):
     assert any(c is not None for c in tree.confidence) and any(c is None for c in tree.confidence)
 
 
+def test_lookup_continues_under_the_best_node_of_a_level(monkeypatch):
+    """Where lookup has nothing after the history but finds a match after a drafted
+    node, its continuation goes in with that level's forward, under the node."""
+    target = drafter_models.lookup_target("qwen2")
+    draft = tiny_models.perturbed(target, tiny_models.config_for("qwen2"), noise=0.03, seed=3)
+    trees = []
+    commit = tree_drafter.TreeDraft.commit
+    monkeypatch.setattr(tree_drafter.TreeDraft, "commit", lambda self, path: (trees.append(self.tree), commit(self, path))[1])
+    for start in ([7, 19, 200, 31], [40, 41, 42, 43, 44], [5, 9, 100], [11, 250, 3, 77, 8]):
+        prompt = drafter_models.grounded_prompt(target, start, n=20)
+        got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide(8)).generate(list(prompt),
+                                                                                              max_tokens=20)]
+        ge.assert_same_or_near_tie(target, prompt, [t for t, _ in SpeculativeDecoder(target).generate(
+            list(prompt), max_tokens=20)], got)
+    under_drafted = [j for t in trees for j in range(len(t)) if t.lookup[j] and t.parents[j] >= 0
+                     and not t.lookup[t.parents[j]]]  # lookup tokens under a node the draft proposed
+    assert under_drafted
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=st.lists(st.integers(5, 299), min_size=2, max_size=8), noise=st.sampled_from([0.03, 0.5]),
