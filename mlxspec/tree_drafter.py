@@ -10,7 +10,8 @@ there, and how sure it is) sets their estimate; the draft's other candidates at
 each spine node are their siblings.  From every node whose draft distribution
 is known, the tree then grows as without lookup: each level, the nodes chosen
 for expansion are fed to the draft together, as one tree block (tree_attention.py:
-one batched forward, each node seeing only its ancestors); each gets up to
+one batched forward, each node seeing only its ancestors; lookup's continuation
+after the best of them goes in too, a spine under that node); each gets up to
 MAX_BRANCH children, ranked by estimated value; the tree takes the candidates
 worth verifying and the best of those are expanded next.  Greedy: children are
 the draft's top tokens.  Sampling: children are drawn from the draft's processed
@@ -41,7 +42,7 @@ class TreeDraft:
 
     def __init__(self, drafter, history: list[int], params: SamplingParams, rng: np.random.Generator | None,
                  budget: TreeBudget, lookup=None):
-        """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine."""
+        """`lookup`: a PromptLookupDrafter, whose continuations are the tree's spines."""
         self.drafter, self.params, self.rng, self.budget = drafter, params, rng, budget
         self.history, self.lookup = history, lookup
         self.tree = DraftTree()
