@@ -61,10 +61,10 @@ class TreeBudget:
         return max(lookup, self.first_child(confidence)) if agree else lookup * (1.0 - confidence)
 
     def lookup_feed(self, pending: int, count: int) -> int:
-        """How many of a lookup continuation's first `count` tokens to feed with the
-        draft's first forward (`pending` positions without them).  Each one held saves a
-        draft step; it costs the width it adds to that forward (in draft steps, the
-        verify curve's increment, as for a level's extra nodes).  Feed while the chance
+        """How many of a lookup continuation's first `count` tokens to feed with a
+        draft forward `pending` positions wide without them (the round's first, or a
+        level's).  Each one held saves a draft step; it costs the width it adds to that
+        forward (`_draft_width`, as for a level's extra nodes).  Feed while the chance
         that all of them hold, at the lookup's observed acceptance, beats that width."""
         a, v, n, cm = self.policy.acceptance(None), 1.0, 0, self.cost
         while n < min(count, self.k, self.max_nodes):
@@ -72,8 +72,14 @@ class TreeBudget:
             if v < cm.verify_width(pending + n + 1) - cm.verify_width(pending + n):
                 break
             n += 1
-        self.t += cm.draft_step * (cm.verify_width(pending + n) - cm.verify_width(pending))
+        self.t += self._draft_width(pending, pending + n)
         return n
+
+    def _draft_width(self, before: int, after: int) -> float:
+        """What widening a draft forward from `before` to `after` positions costs (0
+        before: the forward itself), priced by the verify curve's increment."""
+        cm = self.cost
+        return cm.draft_step * (cm.verify_width(after) - (cm.verify_width(before) if before else 0.0))
 
     def _later(self, j: int) -> float:
         """The cost of the j-th node below the next one on a path (for pays_ahead)."""
@@ -104,7 +110,7 @@ class TreeBudget:
         pol, n = self.policy, 0
         a, a_later = pol.mean_acceptance(optimistic=True), pol.mean_acceptance()  # as Round.more
         for v in values:
-            step = self.cost.draft_step * (self.cost.verify_width(n + 1) - (self.cost.verify_width(n) if n else 0))
+            step = self._draft_width(n, n + 1)
             forced = pol.forced and self.nodes == 0
             horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
             if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,

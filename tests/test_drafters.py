@@ -67,6 +67,17 @@ def test_lookup_index_follows_growth_and_rewrites_of_the_history():
     assert d.propose([5, 6, 1], 2, GREEDY, None) is EMPTY
 
 
+def _brute_force_lookup(text: list[int], searched: int, k: int, max_n: int = 3) -> list[int]:
+    """k tokens continuing `text`: after the latest match of its last n tokens (n from
+    max_n down to 1) that ends within text[:searched - 1], what followed, repeated
+    with the match's period; [] without a match."""
+    for n in range(min(max_n, len(text)), 0, -1):
+        ends = [e for e in range(n - 1, searched - 1) if text[e - n + 1: e + 1] == text[-n:]]
+        if ends:
+            return (text[ends[-1] + 1:] * k)[:k]
+    return []
+
+
 def test_lookup_index_matches_a_brute_force_search():
     rng = np.random.default_rng(0)
     d = PromptLookupDrafter(max_ngram=3, min_ngram=1)
@@ -74,15 +85,7 @@ def test_lookup_index_matches_a_brute_force_search():
     for step in range(300):
         h.append(int(rng.integers(0, 6)))
         got = d.propose(h, 4, GREEDY, None).tokens
-        want = []
-        for n in range(min(3, len(h)), 0, -1):
-            tail = h[-n:]
-            ends = [e for e in range(n - 1, len(h) - 1) if h[e - n + 1: e + 1] == tail]
-            if ends:
-                start = ends[-1] + 1
-                want = (h[start:] * 4)[:4]
-                break
-        assert got == want, (step, h[-6:])
+        assert got == _brute_force_lookup(h, len(h), 4), (step, h[-6:])
 
 
 def test_lookup_after_a_path_matches_a_brute_force_search_and_keeps_the_index():
@@ -95,15 +98,7 @@ def test_lookup_after_a_path_matches_a_brute_force_search_and_keeps_the_index():
         h = rng.integers(0, 5, int(rng.integers(1, 30))).tolist()
         path = rng.integers(0, 5, int(rng.integers(0, 5))).tolist()
         got = d.lookup(h, 4, path)
-        full, want = h + path, []
-        for n in range(min(3, len(full)), 0, -1):
-            tail = full[-n:]
-            ends = [e for e in range(n - 1, len(h) - 1) if h[e - n + 1: e + 1] == tail]
-            if ends:
-                start = ends[-1] + 1
-                want = (full[start:] * 4)[:4]
-                break
-        assert got == want, (step, h, path)
+        assert got == _brute_force_lookup(h + path, len(h), 4), (step, h, path)
         assert d._tokens == h
 
 
