@@ -259,6 +259,7 @@ def cache_key(pair, drafter) -> str | None:
     """A key for this machine + backend + pair + drafter; None when the models have
     no folder to identify them (built in memory): those are not cached."""
     from .backend import describe
+    from .blas_layout import layout
 
     target = _model_identity(getattr(pair, "target_path", None))
     if target is None:
@@ -270,7 +271,9 @@ def cache_key(pair, drafter) -> str | None:
             return None
     ident = {"format": FORMAT, "backend": describe(), "cpu": _cpu_name(), "cores": os.cpu_count(),
              "machine": platform.machine(), "target": target, "draft": draft,
-             "drafter": getattr(drafter, "cost_key", drafter.name)}
+             "drafter": getattr(drafter, "cost_key", drafter.name),
+             "layout": [layout(getattr(pair, "target", None)),  # blas_layout.py
+                        layout(getattr(pair, "draft", None)) if draft else None]}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -249,6 +249,8 @@ def load_model_dir(path: Path, name: str = "model"):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
+    from . import blas_layout
+
     model_file = read_config(path).get("model_file")
     if model_file:
         raise MlxspecError(f"the {name} in {path} needs custom model code ({printable(model_file)}), "
@@ -259,6 +261,7 @@ def load_model_dir(path: Path, name: str = "model"):
         if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(dtype)
         mx.eval(model.parameters())
+        blas_layout.prepare(model)  # CPU: float32 weights stored as BLAS reads them fastest
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from . import blas_layout
 from .errors import MlxspecError
 from .views import View
 
@@ -206,9 +207,17 @@ class _Rows:
 
     def __init__(self, layer, ids: mx.array, embedding: bool):
         self.layer, self.embedding = layer, embedding
-        self.params = {k: layer[k][ids] for k in ("weight", "scales", "biases", "bias") if k in layer}
-        mx.eval(self.params)  # now: MLX streams are per thread, and replies may run on another one
+        if "wt" in layer:  # a TransposedLinear (blas_layout.py): its columns
+            self.params = {"wt": mx.take(layer["wt"], ids, axis=1)}
+            if "bias" in layer:
+                self.params["bias"] = layer["bias"][ids]
+        else:
+            self.params = {k: layer[k][ids] for k in ("weight", "scales", "biases", "bias") if k in layer}
         self.quantized = "scales" in self.params
+        if not self.quantized and "weight" in self.params and self.params["weight"].dtype == mx.float32 \
+                and blas_layout.wanted():  # the rows, stored as BLAS likes them (blas_layout.py)
+            self.params["wt"] = mx.contiguous(self.params.pop("weight").T)
+        mx.eval(self.params)  # now: MLX streams are per thread, and replies may run on another one
 
     def __getattr__(self, name):
         return getattr(self.__dict__["layer"], name)
@@ -219,6 +228,8 @@ class _Rows:
             out = mx.quantized_matmul(x, p["weight"], scales=p["scales"], biases=p.get("biases"), transpose=True,
                                       group_size=self.layer.group_size, bits=self.layer.bits,
                                       mode=getattr(self.layer, "mode", "affine"))
+        elif "wt" in p:
+            out = x @ p["wt"]
         else:
             out = x @ p["weight"].T
         return out + p["bias"] if "bias" in p and not self.embedding else out
@@ -239,7 +250,7 @@ class SubsetHead:
         self.base, self.vocab_size = model, vocab_size
         inner = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
-        if head is not None and "weight" in head:
+        if head is not None and ("weight" in head or "wt" in head):
             self._kind = "lm_head"
         elif inner is not None and getattr(inner, "embed_tokens", None) is not None:
             self._kind = "embed_tokens"

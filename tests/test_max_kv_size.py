@@ -127,7 +127,9 @@ def test_any_grouping_of_positions_gives_token_by_token_logits(seed):
         n = int(rng.choice([1, 1, 2, 4, 17]))
         got.append(target(mx.array([tokens[i: i + n]]), cache=cache)[0])
         i += n
-    assert mx.abs(mx.concatenate(got) - want).max().item() < 1e-4
+    # float32 sums in another order (a matmul over n rows is not n matmuls over one): ~1e-5 of the
+    # logits' scale, and the BLAS kernel a CPU gets sets the digits; a wrong mask moves logits by ~1
+    assert mx.abs(mx.concatenate(got) - want).max().item() < 2e-5 * max(1.0, mx.abs(want).max().item())
 
 
 def test_mlx_lm_generate_step_with_max_kv_size_is_the_reference():

@@ -220,7 +220,7 @@ def test_a_model_without_tree_support_says_so_and_verifies_chains():
 
 
 @pytest.mark.real
-def test_cli_tree_and_no_tree(tmp_path, monkeypatch):
+def test_cli_tree_and_no_tree(tmp_path, monkeypatch, smollm2_pair):
     """`generate --json` on the real SmolLM2-135M drafting for itself: trees by default
     (their figures in the stats), chains with --no-tree; the same greedy text.  The
     pair's cost model is given (a cached calibration saying drafting costs 0.3 of a
@@ -230,15 +230,11 @@ def test_cli_tree_and_no_tree(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from cli_util import run_cli
-    from mlxspec import cost_model, weights
-    from mlxspec.loading import resolve_model_dir
+    from mlxspec import cost_model
 
-    if not weights.is_present("smollm2-135m"):
-        pytest.skip("smollm2-135m not fetched (mlxspec pull smollm2-135m)")
-    folder = resolve_model_dir("smollm2-135m")
     monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(tmp_path / "calibration"))  # save's folder, and the CLI's
-    cost_model.save(cost_model.cache_key(SimpleNamespace(target_path=folder, draft_path=folder),
-                                         SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)),
+    # the key of the pair as the CLI loads it (its folders and its weights' layout, blas_layout.py)
+    cost_model.save(cost_model.cache_key(smollm2_pair, SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)),
                     cost_model.assumed(0.3))
     base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
             "--ignore-chat-template", "-m", "12", "--json")
