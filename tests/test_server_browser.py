@@ -153,7 +153,9 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
 
         r, partial = send(browser, first, 0)
         assert r["text"] == ref1.text
-        assert len(partial) >= 2 and all(ref1.text.startswith(p) and p != ref1.text for p in partial), partial
+        # streamed: prefixes seen before the end (the whole text may show just before the stats mark it done)
+        assert all(ref1.text.startswith(p) for p in partial), partial
+        assert sum(p != ref1.text for p in partial) >= 2, partial
         assert r["drafts"] > 0 and r["plain"] > 0  # accepted drafts coloured, the target's own tokens not
         m = STATS.match(r["stats"])
         assert m, r["stats"]
