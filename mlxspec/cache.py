@@ -90,19 +90,31 @@ class ModelState:
         # between a forward and its bookkeeping (Ctrl-C inside a draft step)
         return keep, keep < max(len(self.tokens), self.fed, cached_positions(self.cache))
 
-    def forward(self, tokens) -> mx.array:
+    def forward(self, tokens, width: int | None = None) -> mx.array:
         """Logits (T, V) for `tokens`, appended to the cache.  A list of ids is
         recorded in `self.tokens`; a lazy mx.array (a draft model feeding its own
         samples) is not -- its caller records the ids once they are evaluated.
         Re-fed history beyond `merge_limit` gets a call of its own (still one
-        lazy graph), so that a checkpoint follows it (recurrent.split_point)."""
+        lazy graph), so that a checkpoint follows it (recurrent.split_point).
+        `width`: pad the call to that many positions, where a wider pass costs less
+        (cost_model.CostModel.pad_width), with copies of the last token; they are
+        recorded like any token, so the rollback rule keeps one only where it is
+        what the history really holds.  Only full KV caches are padded."""
         if isinstance(tokens, mx.array):
             return self._call(tokens)
+        n = len(tokens)
+        if width is not None and width > n and self.can_pad:
+            return self.forward(list(tokens) + [tokens[-1]] * (width - n))[:n]
         cut = split_point(len(tokens), self.known - self.fed, self.merge_limit) if self.checkpoints else 0
         x = mx.array(tokens, dtype=mx.uint32)
         logits = mx.concatenate([self._call(x[:cut]), self._call(x[cut:])]) if cut else self._call(x)
         self.tokens.extend(tokens)
         return logits
+
+    @property
+    def can_pad(self) -> bool:
+        """Padded positions cost only a trim here: no recurrent layers, no bounded window."""
+        return not self.checkpoints and self.max_kv_size is None
 
     def _call(self, x: mx.array) -> mx.array:
         self.fed += x.size  # first: an interrupted call still counts as fed, and is rolled back

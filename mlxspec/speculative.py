@@ -116,7 +116,9 @@ class SpeculativeDecoder:
         t_verify = time.perf_counter()
         drafted = proposal.tokens
         pending = self.target.sync(history)
-        logits = self.target.forward(pending + drafted)[len(pending) - 1:]
+        cost = getattr(self.policy, "cost", None)  # a wider pass may cost less (cost_model.pad_width)
+        width = cost.pad_width(len(pending) + len(drafted)) if cost is not None and drafted else None
+        logits = self.target.forward(pending + drafted, width)[len(pending) - 1:]
         contexts = None
         if params.uses_context:
             contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]

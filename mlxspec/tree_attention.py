@@ -88,9 +88,17 @@ class TreeBlock:
     def __len__(self):
         return len(self.tokens)
 
-    def forward(self, tokens: list[int], parents: list[int]) -> mx.array:
+    def forward(self, tokens: list[int], parents: list[int], width: int | None = None) -> mx.array:
         """Logits (len(tokens), V) for new nodes; `parents` index the block (earlier
-        nodes, or nodes earlier in this call), -1 for the committed prefix."""
+        nodes, or nodes earlier in this call), -1 for the committed prefix.
+        `width`: run the call over that many positions, padded with nodes no other
+        node sees (a wider pass can cost less, cost_model.CostModel.pad_width); they
+        take block indices after these nodes and are never committed."""
+        n = len(tokens)
+        pad = max(0, (width or 0) - n)
+        if pad:
+            tokens = list(tokens) + [tokens[-1]] * pad
+            parents = list(parents) + [-1] * pad
         first = len(self.tokens)
         for t, p in zip(tokens, parents):
             if not -1 <= p < len(self.tokens):
@@ -100,11 +108,12 @@ class TreeBlock:
             self.parents.append(p)
             self.depth.append(1 + (self.depth[p] if p >= 0 else 0))
             self.ancestors.append((self.ancestors[p] if p >= 0 else 0) | (1 << i))
-        n, total = len(tokens), len(self.tokens)
+        total = len(self.tokens)
         bits = np.array([[(a >> j) & 1 for j in range(total)] for a in self.ancestors[first:]], dtype=bool)
-        mask = mx.array(np.concatenate([np.ones((n, self.base), dtype=bool), bits], axis=1))
+        mask = mx.array(np.concatenate([np.ones((n + pad, self.base), dtype=bool), bits], axis=1))
         positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
-        return self._call(mx.array(tokens, dtype=mx.uint32), mask, positions)
+        logits = self._call(mx.array(tokens, dtype=mx.uint32), mask, positions)
+        return logits[:n] if pad else logits
 
     def _call(self, x, mask, positions):
         state = self.state

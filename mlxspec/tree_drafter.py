@@ -56,7 +56,7 @@ class TreeDraft:
         if not budget.expand([1.0], 0):
             return
         spine = self._lookup_under(-1, m)
-        logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)))
+        logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)), self._width(m + len(spine)))
         self._grow(logits[m - 1:], spine)
 
     def _distributions(self, logits: mx.array, paths: list[list[int]]):
@@ -185,7 +185,7 @@ class TreeDraft:
             sub = self._lookup_under(chosen[0], n)
             parents = [self._block_index(tree.parents[c]) for c in chosen]
             parents += [base] + list(range(base + n, base + n + len(sub) - 1)) if sub else []
-            logits = self.block.forward([tree.tokens[c] for c in chosen] + sub, parents)
+            logits = self.block.forward([tree.tokens[c] for c in chosen] + sub, parents, self._width(n + len(sub)))
             for i, c in enumerate(chosen):
                 self.fed[c] = base + i
             paths = [self._path(c) for c in chosen]
@@ -193,6 +193,11 @@ class TreeDraft:
             self._check(dists)
             grown = (chosen, [v for v, _ in growable[:n]], dists[:n])
             self._add_spine(chosen[0], sub, dists[n:], base + n, grown)
+
+    def _width(self, positions: int) -> int:
+        """The width a draft forward over `positions` runs at: padded as the verify
+        pass would be (the budget prices draft widths by the verify curve, _draft_width)."""
+        return self.budget.cost.pad_width(positions)
 
     def _remaining(self, parent: int, q: np.ndarray):
         taken = [self.tree.tokens[c] for c in self.tree.children(parent)]

@@ -86,7 +86,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     m = len(pending)
     block = TreeBlock(target)
     parents = list(range(-1, m - 1)) + [m - 1 if p < 0 else m + p for p in tree.parents]
-    logits = block.forward(pending + tree.tokens, parents)[m - 1:]
+    logits = block.forward(pending + tree.tokens, parents, policy.cost.pad_width(m + len(tree)))[m - 1:]
     contexts = None
     if params.uses_context:
         contexts = [history] + [history + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]

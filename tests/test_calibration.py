@@ -30,9 +30,12 @@ def test_measured_once_then_cached(tiny_pair, calib_dir, capsys):
     second = make_decoder(tiny_pair).policy.cost
     assert second.source == "cached" and capsys.readouterr().err == ""
     assert (second.draft_step, second.verify) == (first.draft_step, first.verify)
-    # what was measured makes sense: a pass over w positions, monotone, relative to one
+    # what was measured makes sense: relative to one position, never below it; the cost of
+    # w positions (padded where a wider pass is cheaper) never falls as w grows
     v = first.verify
-    assert v[0] == 1.0 and all(b >= a for a, b in zip(v, v[1:])) and first.draft_step > 0
+    assert v[0] == 1.0 and min(v) >= 1.0 and first.draft_step > 0
+    costs = [first.verify_width(w) for w in range(1, 40)]
+    assert all(b >= a for a, b in zip(costs, costs[1:]))
     # another drafter of the same pair has its own entry
     make_decoder(tiny_pair, drafter="lookup")
     assert len(list(calib_dir.glob("*.json"))) == 2

@@ -1,0 +1,120 @@
+"""What padding passes to a cheaper, wider width (cost_model.CostModel.pad_width) gains.
+
+    python benchmarks/padded_passes.py                          # 3 code prompts, 64 tokens, 3 repeats
+    python benchmarks/padded_passes.py --prompts 0 --suite chat
+
+One process, the default pair loaded once, one calibration.  Four contenders run
+interleaved on each prompt, warm, in a rotating order per repeat: plain decoding,
+the default (trees) with padded passes, the default without padding (the cost
+model read as before: each width at its own cost, made non-decreasing, nothing
+padded), and mlx-lm k=3.  Reported: decode tok/s per contender (median, range),
+run-by-run ratios of the same repeat, tokens per target pass, and whether every
+greedy output equals plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlxspec  # noqa: E402  (sets up the MLX backend first)
+from mlxspec import backend, cost_model  # noqa: E402
+from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec.bench_contenders import make_contender  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PADDED = [True]
+_pad_width, _verify_width = cost_model.CostModel.pad_width, cost_model.CostModel.verify_width
+
+
+def _switched_pad(self, w):
+    return _pad_width(self, w) if PADDED[0] else w
+
+
+def _switched_verify(self, w):
+    if PADDED[0]:
+        return _verify_width(self, w)
+    v = self.verify  # as before padding: a width's own cost, made non-decreasing
+    top = max(v[: min(w, len(v))])
+    return top if w <= len(v) else max(top, _verify_width(self, w))
+
+
+cost_model.CostModel.pad_width = _switched_pad
+cost_model.CostModel.verify_width = _switched_verify
+
+
+def spread(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3), "n": len(xs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", default="code")
+    ap.add_argument("--prompts", type=str, default="binary-search,rust-parse,complete-class",
+                    help="prompt ids of the suite, comma-separated, or 0 for all")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("padded-passes.json"))
+    args = ap.parse_args()
+    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
+    wanted = None if args.prompts == "0" else args.prompts.split(",")
+    prompts = [p for p in suite if wanted is None or p["id"] in wanted]
+    pair = mlxspec.load()
+    contenders = {"plain": (make_contender("plain"), True), "padded": (make_contender("model:auto"), True),
+                  "unpadded": (make_contender("model:auto"), False), "mlx-lm k=3": (make_contender("mlx-lm:3"), True)}
+    names = list(contenders)
+
+    def run(name, ids, n):
+        c, PADDED[0] = contenders[name]
+        try:
+            return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+        finally:
+            PADDED[0] = True
+
+    tps = {c: [] for c in names}
+    per_pass = {c: [] for c in names}
+    ratios = {k: [] for k in ("padded / plain", "unpadded / plain", "padded / unpadded", "padded / mlx-lm k=3",
+                              "unpadded / mlx-lm k=3", "mlx-lm k=3 / plain")}
+    runs, identical = [], True
+    for p in prompts:
+        ids = encode_prompt(pair.tokenizer, p["prompt"], chat_template=True)
+        for c in names:
+            run(c, ids, 8)  # warm-up (and the calibration, once)
+        for r in range(args.repeats):
+            order = names[r % 4:] + names[: r % 4]
+            res = {c: run(c, ids, args.max_tokens) for c in order}
+            t = {c: len(res[c].tokens) / res[c].total_time for c in names}  # as bench: decode time incl. prefill
+            same = len({tuple(res[c].tokens) for c in names}) == 1
+            identical &= same
+            for c in names:
+                tps[c].append(t[c])
+                per_pass[c].append(len(res[c].tokens) / max(1, res[c].target_passes))
+            for k in ratios:
+                a, b = k.split(" / ")
+                ratios[k].append(t[a] / t[b])
+            runs.append({"prompt": p["id"], "repeat": r, "order": order, "tps": {c: round(v, 3) for c, v in t.items()},
+                         "tokens_per_pass": {c: round(per_pass[c][-1], 2) for c in names}, "identical": same})
+            print(p["id"], r, " ".join(f"{c} {v:.2f}" for c, v in t.items()),
+                  "tok/pass " + "/".join(f"{per_pass[c][-1]:.2f}" for c in names),
+                  "identical" if same else "DIFFERENT", flush=True)
+    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "suite": args.suite,
+           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats,
+           "tok_s": {c: spread(v) for c, v in tps.items()}, "tokens_per_pass": {c: spread(v) for c, v in per_pass.items()},
+           "ratios": {k: spread(v) for k, v in ratios.items()}, "outputs_identical": identical, "runs": runs}
+    args.out.write_text(json.dumps(out, indent=1))
+    for c, v in out["tok_s"].items():
+        print(f"{c:12s} {v['median']:.2f} tok/s ({v['min']:.2f}-{v['max']:.2f}), "
+              f"{out['tokens_per_pass'][c]['median']:.2f} tokens/pass")
+    for k, v in out["ratios"].items():
+        print(f"{k:24s} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f}, n={v['n']})")
+    print("all outputs identical" if identical else "OUTPUTS DIFFER")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
