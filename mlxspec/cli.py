@@ -36,7 +36,7 @@ COMMANDS = {
     "convert": ("mlxspec.converters.cli:convert", "Convert a draft/target pair from the Hugging Face Hub."),
     "pairs": ("mlxspec.converters.cli:pairs", "List known-good draft/target pairs and whether they fit."),
     "bench": ("mlxspec.bench:bench", "Benchmark speculative decoding against plain decoding and mlx-lm."),
-    "calibrate": ("mlxspec.cost_model:calibrate_command", "Measure this machine's draft and verify costs for a pair."),
+    "calibrate": ("mlxspec.calibrate_cli:calibrate_command", "Measure this machine's draft and verify costs for a pair."),
     "serve": ("mlxspec.server:serve", "An OpenAI-compatible local server (chat page at /)."),
 }
 

@@ -108,12 +108,15 @@ class TreeBlock:
             self.parents.append(p)
             self.depth.append(1 + (self.depth[p] if p >= 0 else 0))
             self.ancestors.append((self.ancestors[p] if p >= 0 else 0) | (1 << i))
+        positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
+        logits = self._call(mx.array(tokens, dtype=mx.uint32), self._mask(first), positions)
+        return logits[:n] if pad else logits
+
+    def _mask(self, first: int) -> mx.array:
+        """Rows for block nodes `first`.. : the committed prefix, and each node's ancestors and itself."""
         total = len(self.tokens)
         bits = np.array([[(a >> j) & 1 for j in range(total)] for a in self.ancestors[first:]], dtype=bool)
-        mask = mx.array(np.concatenate([np.ones((n + pad, self.base), dtype=bool), bits], axis=1))
-        positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
-        logits = self._call(mx.array(tokens, dtype=mx.uint32), mask, positions)
-        return logits[:n] if pad else logits
+        return mx.array(np.concatenate([np.ones((total - first, self.base), dtype=bool), bits], axis=1))
 
     def _call(self, x, mask, positions):
         state = self.state

@@ -163,3 +163,29 @@ def test_tree_samples_with_padded_passes_match_target_distribution(monkeypatch):
     stat, df, pval = chi_square(counts, probs, samples)
     print(f"chi2={stat:.1f} df={df} p={pval:.3g} accepted={accepted}")
     assert pval > 1e-3, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_chi_square_fails_when_the_nodes_see_the_pads(monkeypatch):
+    """The control: a tree mask that lets every node see the positions fed in the same
+    call -- the pads after it among them -- changes the real nodes' logits; the same
+    chi-square test catches it."""
+    import tiny_models
+
+    real = TreeBlock._mask
+
+    def leaky(self, first):
+        m = np.array(real(self, first))
+        m[:, self.base + first:] = True  # every position of this call, pads included
+        import mlx.core as mx
+
+        return mx.array(m)
+
+    monkeypatch.setattr(TreeBlock, "_mask", leaky)
+    cfg = tiny_models.config_for("llama", vocab_size=sd.V, hidden=32, ffn=64)
+    target, draft = tiny_models.build(cfg, seed=3, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
+    samples = 600
+    probs = sd.exact_sequence_probs(target, sd.PARAMS)
+    counts, _ = sd.sample_sequences(target, draft, sd.PARAMS, k=PerToken(dipped(0.05, FLAT), 3), samples=samples)
+    stat, df, pval = chi_square(counts, probs, samples)
+    print(f"nodes seeing the pads: chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-6, f"nodes seeing the pads went unnoticed: p={pval:.2e}"
