@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +28,8 @@ import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec import backend, blas_layout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from side_by_side import finish, spread  # noqa: E402
 
 
 def load(layout: str):
@@ -40,9 +41,6 @@ def load(layout: str):
     assert blas_layout.layout(pair.target) == layout, (layout, blas_layout.layout(pair.target))
     return pair
 
-
-def spread(xs: list[float]) -> dict:
-    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3), "n": len(xs)}
 
 
 def main() -> int:
@@ -94,13 +92,7 @@ def main() -> int:
            "prompts": [p["id"] for p in prompts], "repeats": args.repeats,
            "tok_s": {f"{a}-{b}": spread(v) for (a, b), v in tps.items()},
            "ratios": {k: spread(v) for k, v in ratios.items()}, "outputs_identical": identical, "runs": runs}
-    args.out.write_text(json.dumps(out, indent=1))
-    for k, v in out["tok_s"].items():
-        print(f"{k:14s} {v['median']:.2f} tok/s ({v['min']:.2f}-{v['max']:.2f})")
-    for k, v in out["ratios"].items():
-        print(f"{k:26s} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f}, n={v['n']})")
-    print("all outputs identical" if identical else "OUTPUTS DIFFER")
-    return 0 if identical else 1
+    return finish(out, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +27,8 @@ from mlxspec.api import encode_prompt  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from side_by_side import finish, spread  # noqa: E402
 PADDED = [True]
 _pad_width, _verify_width = cost_model.CostModel.pad_width, cost_model.CostModel.verify_width
 
@@ -46,10 +47,6 @@ def _switched_verify(self, w):
 
 cost_model.CostModel.pad_width = _switched_pad
 cost_model.CostModel.verify_width = _switched_verify
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3), "n": len(xs)}
 
 
 def main() -> int:
@@ -106,14 +103,7 @@ def main() -> int:
            "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats,
            "tok_s": {c: spread(v) for c, v in tps.items()}, "tokens_per_pass": {c: spread(v) for c, v in per_pass.items()},
            "ratios": {k: spread(v) for k, v in ratios.items()}, "outputs_identical": identical, "runs": runs}
-    args.out.write_text(json.dumps(out, indent=1))
-    for c, v in out["tok_s"].items():
-        print(f"{c:12s} {v['median']:.2f} tok/s ({v['min']:.2f}-{v['max']:.2f}), "
-              f"{out['tokens_per_pass'][c]['median']:.2f} tokens/pass")
-    for k, v in out["ratios"].items():
-        print(f"{k:24s} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f}, n={v['n']})")
-    print("all outputs identical" if identical else "OUTPUTS DIFFER")
-    return 0 if identical else 1
+    return finish(out, args.out, out["tokens_per_pass"])
 
 
 if __name__ == "__main__":

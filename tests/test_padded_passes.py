@@ -21,7 +21,7 @@ from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.tree_attention import TreeBlock
 from stats_util import chi_square
-from test_tree_attention import chain_logits, model_for, path_to, random_tree
+from test_tree_attention import chain_logits, path_to, tree_case
 
 # relative costs measured for the default target on this machine's OpenBLAS (rounded)
 MEASURED = {1: 1.0, 2: 1.21, 3: 1.45, 4: 1.66, 6: 1.77, 8: 1.8, 12: 2.67, 16: 1.57, 17: 2.5, 32: 2.36}
@@ -66,16 +66,8 @@ def test_a_cached_calibration_keeps_its_dip(tmp_path, monkeypatch):
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), prefix_len=st.integers(1, 9), n=st.integers(1, 10), levels=st.integers(1, 3))
 def test_padded_tree_block_gives_the_unpadded_logits_and_commits_exactly(arch, seed, prefix_len, n, levels):
-    model = model_for(arch)
-    rng = np.random.default_rng(seed)
-    prefix = rng.integers(0, 64, prefix_len).tolist()
-    tokens = rng.integers(0, 64, n).tolist()
-    parents = random_tree(rng, n)
-    state = ModelState(model)
-    state.forward(prefix)
-    block = TreeBlock(state)
-    cuts = sorted(set(rng.integers(1, n + 1, levels - 1).tolist()) | {0, n})
-    rows, index, fed = [], [], 0  # index: block index of tree node i (pads take indices too)
+    model, rng, prefix, tokens, parents, state, block, cuts = tree_case(arch, seed, prefix_len, n, levels)
+    rows, index = [], []  # index: block index of tree node i (pads take indices too)
     for a, b in zip(cuts, cuts[1:]):
         base = len(block)
         index += list(range(base, base + b - a))

@@ -53,10 +53,9 @@ def test_unsupported_model_is_named():
     assert "made-up" in tree_support(model)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10**6), prefix_len=st.integers(1, 9), n=st.integers(1, 10), levels=st.integers(1, 3))
-def test_node_logits_equal_chain_forward(arch, seed, prefix_len, n, levels):
+def tree_case(arch, seed, prefix_len, n, levels):
+    """A random tree after a random prefix: (model, rng, prefix, tokens, parents, state, block,
+    cuts), the tree to be fed over `levels` forwards (cuts), as a draft expands its tree."""
     model = model_for(arch)
     rng = np.random.default_rng(seed)
     prefix = rng.integers(0, 64, prefix_len).tolist()
@@ -64,9 +63,15 @@ def test_node_logits_equal_chain_forward(arch, seed, prefix_len, n, levels):
     parents = random_tree(rng, n)
     state = ModelState(model)
     state.forward(prefix)
-    block = TreeBlock(state)
-    # fed over `levels` forwards, as a draft expands its tree
     cuts = sorted(set(rng.integers(1, n + 1, levels - 1).tolist()) | {0, n})
+    return model, rng, prefix, tokens, parents, state, TreeBlock(state), cuts
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10**6), prefix_len=st.integers(1, 9), n=st.integers(1, 10), levels=st.integers(1, 3))
+def test_node_logits_equal_chain_forward(arch, seed, prefix_len, n, levels):
+    model, rng, prefix, tokens, parents, state, block, cuts = tree_case(arch, seed, prefix_len, n, levels)
     rows = []
     for a, b in zip(cuts, cuts[1:]):
         rows.append(block.forward(tokens[a:b], parents[a:b]))
