@@ -4,8 +4,9 @@
 #                     on a code prompt and print acceptance rate and speed-up over plain decoding
 #   ./setup.sh test   set up, fetch the small real test model, run the whole test suite
 #   ./setup.sh        set up only
-# Set-up: Debian's OpenBLAS when running as root on Linux (optional: without it
-# everything works, ~10x slower on the CPU backend), a virtual environment in .venv,
+# Set-up: Debian's OpenBLAS and a C compiler when running as root on Linux (optional:
+# without OpenBLAS everything works, ~10x slower on the CPU backend; without a compiler,
+# ~1.5x slower, see mlxspec/small_gemm.py), a virtual environment in .venv,
 # and this package with its test extras (`./setup.sh test` also installs Debian's
 # chromium as root, for the browser test of `mlxspec serve`'s chat page).
 set -euo pipefail
@@ -17,6 +18,14 @@ if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/d
   (apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
    || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1)) \
    || echo "   could not install OpenBLAS; continuing with MLX's bundled BLAS (slower)"
+fi
+
+if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null \
+   && ! command -v cc >/dev/null; then
+  echo "== installing a C compiler (gcc: mlxspec builds its small-batch matmul kernel on first use)"
+  (apt-get install -y -q gcc >/dev/null 2>&1 \
+   || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q gcc >/dev/null 2>&1)) \
+   || echo "   could not install gcc; OpenBLAS will take every product (slower decoding)"
 fi
 
 PY=${PYTHON:-python3}

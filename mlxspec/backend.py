@@ -4,7 +4,9 @@ The `mlx[cpu]` wheel bundles the single-threaded reference BLAS; only float32
 matmuls go through BLAS at all.  Loading OpenBLAS with RTLD_GLOBAL *before*
 `mlx.core` is imported makes `cblas_sgemm` bind to it (~17x faster here, and a
 5-token verify costs ~1.3x one token instead of 5x).  So on the CPU backend we
-preload OpenBLAS when it is installed and compute in float32.
+preload OpenBLAS when it is installed and compute in float32, and in front of
+it the small-batch kernel of small_gemm.py, which takes the decode-sized
+products.
 
 This module must not import mlx at module level.
 """
@@ -58,6 +60,9 @@ def preload_openblas() -> str | None:
     if path is None:
         return None
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
+    from . import small_gemm
+
+    small_gemm.preload(path)  # first: MLX's cblas_sgemm binds to the kernel, which forwards the rest to OpenBLAS
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError:
@@ -87,7 +92,11 @@ def describe() -> str:
     if is_gpu():
         return f"MLX {mx.__version__}, Metal GPU"
     if _state["openblas"]:
-        blas = f"OpenBLAS ({_state['openblas']})"
+        from . import small_gemm
+
+        kernel = ("small-batch kernel" if small_gemm.enabled() else "small-batch kernel off") if small_gemm.loaded() \
+            else f"no small-batch kernel: {small_gemm.why()}"
+        blas = f"OpenBLAS ({_state['openblas']}; {kernel})"
     elif _state["late"]:
         blas = "reference BLAS (mlx.core was imported before mlxspec; OpenBLAS not loaded)"
     else:
