@@ -171,5 +171,6 @@ int mlxspec_gemm_enable(int on)
     return old;
 }
 
+int mlxspec_gemm_enabled(void) { return enabled; }
 long mlxspec_gemm_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }

@@ -89,6 +89,9 @@ def build() -> Path | None:
                 _state["why"] = f"the kernel did not compile ({(r.stderr.strip().splitlines() or ['?'])[-1][:120]})"
                 return None
             os.replace(tmp, out)
+            for old in out.parent.glob("small_gemm-*.so"):  # builds of an older source or another compiler
+                if old != out:
+                    old.unlink(missing_ok=True)
         finally:
             tempfiles.remove(tmp)
     except (OSError, subprocess.SubprocessError) as e:
@@ -137,11 +140,7 @@ def set_enabled(on: bool) -> bool:
 
 def enabled() -> bool:
     lib = _state["lib"]
-    if lib is None:
-        return False
-    on = lib.mlxspec_gemm_enable(1)
-    lib.mlxspec_gemm_enable(on)
-    return bool(on)
+    return lib is not None and bool(lib.mlxspec_gemm_enabled())
 
 
 def calls() -> int:

@@ -116,13 +116,15 @@ def test_openblas_takes_every_call_without_the_kernel(tmp_path, env, why):
     assert not kernels.exists() or not any(p.name.endswith(".tmp") for p in kernels.iterdir())
 
 
-def test_built_once_into_the_cache_and_stale_temps_removed(tmp_path):
+def test_built_once_into_the_cache_older_builds_and_stale_temps_removed(tmp_path):
     kernels = tmp_path / "kernels"
     kernels.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = kernels / f".small_gemm-0123456789abcdef.{dead.pid}.a1b2c3.tmp"  # a build killed midway
     stale.write_bytes(b"half a library")
+    older = kernels / "small_gemm-00000000deadbeef.so"  # the build of an older source
+    older.write_bytes(b"an old build")
     r = _run({}, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "small-batch kernel)" in r.stdout and r.stdout.split()[-2] == "1"
