@@ -1,5 +1,6 @@
-"""What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py) share:
-a spread of run-by-run figures, and writing and printing their summary."""
+"""What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py)
+share: a spread of run-by-run figures, the interleaved loop over prompts and repeats,
+and writing and printing their summary."""
 
 from __future__ import annotations
 
@@ -24,3 +25,38 @@ def finish(out: dict, path: Path, per_pass: dict | None = None) -> int:
     identical = out["outputs_identical"]
     print("all outputs identical" if identical else "OUTPUTS DIFFER")
     return 0 if identical else 1
+
+
+def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[str], repeats: int,
+               max_tokens: int) -> dict:
+    """Each prompt: one short warm-up run per contender (and its calibration), then `repeats`
+    rounds of every contender, in an order rotated per repeat.  `run(name, ids, n)` gives a
+    bench_contenders.Run; `ratios` are "a / b" of contender names, taken run by run.  Returns
+    tok_s / tokens_per_pass / ratios (spreads), outputs_identical and the raw runs."""
+    tps = {c: [] for c in names}
+    per_pass = {c: [] for c in names}
+    got = {k: [] for k in ratios}
+    runs, identical = [], True
+    for p in prompts:
+        ids = encode(p["prompt"])
+        for c in names:
+            run(c, ids, 8)
+        for r in range(repeats):
+            order = names[r % len(names):] + names[: r % len(names)]
+            res = {c: run(c, ids, max_tokens) for c in order}
+            t = {c: len(res[c].tokens) / res[c].total_time for c in names}  # as bench: decode time incl. prefill
+            same = len({tuple(res[c].tokens) for c in names}) == 1
+            identical &= same
+            for c in names:
+                tps[c].append(t[c])
+                per_pass[c].append(len(res[c].tokens) / max(1, res[c].target_passes))
+            for k in got:
+                a, b = k.split(" / ")
+                got[k].append(t[a] / t[b])
+            runs.append({"prompt": p["id"], "repeat": r, "order": order, "tps": {c: round(v, 3) for c, v in t.items()},
+                         "tokens_per_pass": {c: round(per_pass[c][-1], 2) for c in names}, "identical": same})
+            print(p["id"], r, " ".join(f"{c} {v:.2f}" for c, v in t.items()),
+                  "tok/pass " + "/".join(f"{per_pass[c][-1]:.2f}" for c in names),
+                  "identical" if same else "DIFFERENT", flush=True)
+    return {"tok_s": {c: spread(v) for c, v in tps.items()}, "tokens_per_pass": {c: spread(v) for c, v in per_pass.items()},
+            "ratios": {k: spread(v) for k, v in got.items()}, "outputs_identical": identical, "runs": runs}

@@ -29,15 +29,15 @@ from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import finish, spread  # noqa: E402
+from side_by_side import finish, interleave  # noqa: E402
 
 # name: (contender spec, kernel on)
 CONTENDERS = {"plain openblas": ("plain", False), "default openblas": ("model:auto", False),
               "plain kernel": ("plain", True), "default kernel": ("model:auto", True),
               "mlx-lm k=3 kernel": ("mlx-lm:3", True)}
-RATIOS = ("plain kernel / plain openblas", "default kernel / default openblas", "default kernel / plain openblas",
+RATIOS = ["plain kernel / plain openblas", "default kernel / default openblas", "default kernel / plain openblas",
           "default openblas / plain openblas", "default kernel / plain kernel", "mlx-lm k=3 kernel / plain kernel",
-          "default kernel / mlx-lm k=3 kernel")
+          "default kernel / mlx-lm k=3 kernel"]
 
 
 def main() -> int:
@@ -67,35 +67,10 @@ def main() -> int:
         finally:
             small_gemm.set_enabled(True)
 
-    tps = {c: [] for c in names}
-    per_pass = {c: [] for c in names}
-    ratios = {k: [] for k in RATIOS}
-    runs, identical = [], True
-    for p in prompts:
-        ids = encode_prompt(pair.tokenizer, p["prompt"], chat_template=True)
-        for c in names:
-            run(c, ids, 8)  # warm-up (and each setting's calibration, once)
-        for r in range(args.repeats):
-            order = names[r % len(names):] + names[: r % len(names)]
-            res = {c: run(c, ids, args.max_tokens) for c in order}
-            t = {c: len(res[c].tokens) / res[c].total_time for c in names}  # as bench: decode time incl. prefill
-            same = len({tuple(res[c].tokens) for c in names}) == 1
-            identical &= same
-            for c in names:
-                tps[c].append(t[c])
-                per_pass[c].append(len(res[c].tokens) / max(1, res[c].target_passes))
-            for k in ratios:
-                a, b = k.split(" / ")
-                ratios[k].append(t[a] / t[b])
-            runs.append({"prompt": p["id"], "repeat": r, "order": order, "tps": {c: round(v, 3) for c, v in t.items()},
-                         "tokens_per_pass": {c: round(per_pass[c][-1], 2) for c in names}, "identical": same})
-            print(p["id"], r, " ".join(f"{c} {v:.2f}" for c, v in t.items()),
-                  "tok/pass " + "/".join(f"{per_pass[c][-1]:.2f}" for c in names),
-                  "identical" if same else "DIFFERENT", flush=True)
+    summary = interleave(prompts, names, run, lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         RATIOS, args.repeats, args.max_tokens)
     out = {"command": " ".join(sys.argv), "backend": backend.describe(), "suite": args.suite,
-           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats,
-           "tok_s": {c: spread(v) for c, v in tps.items()}, "tokens_per_pass": {c: spread(v) for c, v in per_pass.items()},
-           "ratios": {k: spread(v) for k, v in ratios.items()}, "outputs_identical": identical, "runs": runs}
+           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats, **summary}
     return finish(out, args.out, out["tokens_per_pass"])
 
 
