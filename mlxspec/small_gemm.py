@@ -3,11 +3,12 @@
 Decoding multiplies 1 to 32 rows of activations by large weight matrices: one
 row for a plain step, a few for a verify pass or a draft tree level.  OpenBLAS
 (Debian's 0.3.21) packs the weight into panels on every `cblas_sgemm` call,
-which here costs more than streaming the weight once: a one-row product of the
-default target's 1536 x 8960 MLP weight took 5-9 ms where reading it takes
-1.4 ms.  small_gemm.c streams each weight row once and multiplies it into every
-activation row together, so one row runs at memory speed and 8 rows cost
-about 1.2x one (`python benchmarks/small_gemm.py`).
+which here costs more than streaming the weight once: one row through two of the
+default target's 1536 x 8960 MLP weights (110 MB) took 5-9 ms where streaming
+them takes about 2.7 ms.  small_gemm.c streams each weight row once and
+multiplies it into every activation row together, so one row runs at memory
+speed and 8 rows cost about 1.2x one (the target's layer weights, matmuls
+alone); end to end, `python benchmarks/small_gemm.py`.
 
 The kernel is compiled here, on first use, for this machine's CPU (`cc -O3
 -march=native -fopenmp`), cached under `cache_dir()/kernels/` by a hash of the
