@@ -82,7 +82,11 @@ def prepare(model: nn.Module) -> int:
 
 
 def layout(model) -> str:
-    """"blas" when `prepare` changed `model` (what a calibration depends on), else "mlx"."""
+    """"blas" when `prepare` changed `model` (what a calibration depends on), "packed
+    <formats>" when packed_weights.py packed it, else "mlx"."""
+    from .packed_weights import layout as packed
+
     if model is None:
         return "mlx"
-    return "blas" if any(isinstance(m, TransposedLinear) for _, m in model.named_modules()) else "mlx"
+    return packed(model) or ("blas" if any(isinstance(m, TransposedLinear) for _, m in model.named_modules())
+                             else "mlx")

@@ -249,7 +249,7 @@ def load_model_dir(path: Path, name: str = "model"):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from . import blas_layout
+    from . import blas_layout, packed_weights
 
     model_file = read_config(path).get("model_file")
     if model_file:
@@ -261,7 +261,8 @@ def load_model_dir(path: Path, name: str = "model"):
         if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(dtype)
         mx.eval(model.parameters())
-        blas_layout.prepare(model)  # CPU: float32 weights stored as BLAS reads them fastest
+        packed_weights.prepare(model)  # CPU with the small-batch kernel: packed, 16 bits where exact
+        blas_layout.prepare(model)  # the other float32 weights: stored as BLAS reads them fastest
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:

@@ -14,6 +14,17 @@
  * attention scores, mlx-lm's layout) -- and forwards
  * every other call to the BLAS named by `mlxspec_gemm_init`.
  *
+ * Packed weights (packed_weights.py) arrive marked by their `alpha` (one of
+ * the PACKED_* bit patterns, values no real call uses): B is then stored in
+ * column blocks -- each block of NB output columns holds its K rows
+ * contiguously, so a block streams from memory in one run -- as float32, or as
+ * float16 / bfloat16 (weights that are exactly representable there: half the
+ * bytes, widened to float32 exactly before each multiply).  The caller passes a
+ * 16-bit B as a float32 (K/2, N) matrix, A as (2M, K/2) and C as (2M, N), the
+ * same memory; rows M..2M-1 of C are left as they were.  Packed calls always
+ * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill)
+ * unpack B one panel at a time for the other BLAS.
+ *
  * Every output element is the sum over k = 0..K-1, in that order, of one fused
  * multiply-add per term, whatever M, the tiling and the thread split: a row's
  * result does not depend on which other rows share the call ("batch
@@ -22,52 +33,121 @@
  */
 #include <dlfcn.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#define HAVE_F16 1
+#else
+#define HAVE_F16 0
+#endif
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins */
 #define NB 64          /* output columns per tile: four 16-float vectors */
 #define MB 4           /* activation rows per register tile */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
+#define UNPACK_PANEL 256            /* columns of a packed B unpacked at a time for a large product */
+
+#define PACKED_F32 0x7E5A3C01u  /* alpha bits of a call on packed B (packed_weights.py) */
+#define PACKED_F16 0x7E5A3C02u
+#define PACKED_BF16 0x7E5A3C03u
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
+enum { F32, F16, BF16 }; /* how B's elements are stored */
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                          float *, int);
 static sgemm_fn real_sgemm;
 static int enabled = 1;
-static long calls; /* products this kernel computed (tests read it) */
+static long calls;        /* products this kernel computed (tests read it) */
+static long packed_calls; /* of which on packed weights */
 
 typedef float v16 __attribute__((vector_size(64)));
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
-/* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB). */
-static void tile(int mb, int k0, int k1, const float *A, int lda, const float *B, int ldb, float *acc)
+static inline v16 load16_bf16(const uint16_t *p)
 {
-    v16 c[MB][4];
-    for (int m = 0; m < MB; m++)
-        for (int j = 0; j < 4; j++)
-            c[m][j] = m < mb ? load16(acc + m * NB + 16 * j) : (v16){0};
-    for (int k = k0; k < k1; k++) {
-        const float *b = B + (size_t)k * ldb;
-        v16 b0 = load16(b), b1 = load16(b + 16), b2 = load16(b + 32), b3 = load16(b + 48);
-#pragma GCC unroll 4
-        for (int m = 0; m < MB; m++) {
-            if (m < mb) {
-                v16 a = (v16){0} + A[(size_t)m * lda + k];
-                c[m][0] += a * b0;
-                c[m][1] += a * b1;
-                c[m][2] += a * b2;
-                c[m][3] += a * b3;
-            }
-        }
-    }
-    for (int m = 0; m < mb; m++)
-        for (int j = 0; j < 4; j++)
-            store16(acc + m * NB + 16 * j, c[m][j]);
+    typedef uint16_t u16x16 __attribute__((vector_size(32)));
+    typedef uint32_t u32x16 __attribute__((vector_size(64)));
+    u16x16 h;
+    memcpy(&h, p, sizeof h);
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    v16 v;
+    memcpy(&v, &w, sizeof v);
+    return v;
 }
+
+#if HAVE_F16
+static inline v16 load16_f16(const uint16_t *p)
+{
+#ifdef __AVX512F__
+    __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    __m256 f[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+#endif
+    v16 v;
+    memcpy(&v, &f, sizeof v);
+    return v;
+}
+static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#endif
+
+/* element i of B, widened to float32 exactly */
+static inline float element(int fmt, const void *B, size_t i)
+{
+    if (fmt == F32)
+        return ((const float *)B)[i];
+    uint16_t h = ((const uint16_t *)B)[i];
+    if (fmt == BF16) {
+        uint32_t w = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &w, sizeof f);
+        return f;
+    }
+#if HAVE_F16
+    return f16_to_f32(h);
+#else
+    return __builtin_nanf("");
+#endif
+}
+
+/* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB);
+ * B's rows are ldb elements apart (N for a plain B, NB inside a packed block). */
+#define TILE(NAME, T, LOAD)                                                                                         \
+    static void NAME(int mb, int k0, int k1, const float *A, int lda, const T *B, size_t ldb, float *acc)          \
+    {                                                                                                               \
+        v16 c[MB][4];                                                                                               \
+        for (int m = 0; m < MB; m++)                                                                                \
+            for (int j = 0; j < 4; j++)                                                                             \
+                c[m][j] = m < mb ? load16(acc + m * NB + 16 * j) : (v16){0};                                        \
+        for (int k = k0; k < k1; k++) {                                                                             \
+            const T *b = B + (size_t)k * ldb;                                                                       \
+            v16 b0 = LOAD(b), b1 = LOAD(b + 16), b2 = LOAD(b + 32), b3 = LOAD(b + 48);                              \
+            _Pragma("GCC unroll 4") for (int m = 0; m < MB; m++)                                                    \
+            {                                                                                                       \
+                if (m < mb) {                                                                                       \
+                    v16 a = (v16){0} + A[(size_t)m * lda + k];                                                      \
+                    c[m][0] += a * b0;                                                                              \
+                    c[m][1] += a * b1;                                                                              \
+                    c[m][2] += a * b2;                                                                              \
+                    c[m][3] += a * b3;                                                                              \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        for (int m = 0; m < mb; m++)                                                                                \
+            for (int j = 0; j < 4; j++)                                                                             \
+                store16(acc + m * NB + 16 * j, c[m][j]);                                                            \
+    }
+TILE(tile_f32, float, load16)
+TILE(tile_bf16, uint16_t, load16_bf16)
+#if HAVE_F16
+TILE(tile_f16, uint16_t, load16_f16)
+#endif
 
 static void finish(int M, int nw, float alpha, const float *acc, float beta, float *C, int ldc)
 {
@@ -78,25 +158,38 @@ static void finish(int M, int nw, float alpha, const float *acc, float beta, flo
         }
 }
 
-static void column_block(int nb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                         float beta, float *C, int ldc)
+/* Column block nb of C.  A plain B (packed == 0) is K x N row-major; a packed B
+ * holds block nb at element nb * NB * K, its K rows of nw columns contiguous. */
+static void column_block(int nb, int M, int N, int K, float alpha, const float *A, int lda, const void *B, int ldb,
+                         int packed, int fmt, float beta, float *C, int ldc)
 {
     float acc[SMALL_M_MAX * NB] __attribute__((aligned(64)));
     int n0 = nb * NB, nw = N - n0 < NB ? N - n0 : NB;
+    size_t start = packed ? (size_t)n0 * K : (size_t)n0, stride = packed ? (size_t)nw : (size_t)ldb;
     memset(acc, 0, sizeof(float) * M * NB);
     if (nw < NB) { /* the last, narrower block: scalar, same order of terms */
         for (int m = 0; m < M; m++)
             for (int n = 0; n < nw; n++) {
                 float s = 0.0f;
                 for (int k = 0; k < K; k++)
-                    s = __builtin_fmaf(A[(size_t)m * lda + k], B[(size_t)k * ldb + n0 + n], s);
+                    s = __builtin_fmaf(A[(size_t)m * lda + k], element(fmt, B, start + k * stride + n), s);
                 acc[m * NB + n] = s;
             }
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            for (int m0 = 0; m0 < M; m0 += MB)
-                tile(M - m0 < MB ? M - m0 : MB, k0, k1, A + (size_t)m0 * lda, lda, B + n0, ldb, acc + m0 * NB);
+            for (int m0 = 0; m0 < M; m0 += MB) {
+                int mb = M - m0 < MB ? M - m0 : MB;
+                const float *a = A + (size_t)m0 * lda;
+                if (fmt == F32)
+                    tile_f32(mb, k0, k1, a, lda, (const float *)B + start, stride, acc + m0 * NB);
+                else if (fmt == BF16)
+                    tile_bf16(mb, k0, k1, a, lda, (const uint16_t *)B + start, stride, acc + m0 * NB);
+#if HAVE_F16
+                else
+                    tile_f16(mb, k0, k1, a, lda, (const uint16_t *)B + start, stride, acc + m0 * NB);
+#endif
+            }
         }
     }
     finish(M, nw, alpha, acc, beta, C + n0, ldc);
@@ -130,22 +223,94 @@ static void small_sgemm_bt(int M, int N, int K, float alpha, const float *A, int
         }
 }
 
-static void small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                        float beta, float *C, int ldc)
+static void small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const void *B, int ldb, int packed,
+                        int fmt, float beta, float *C, int ldc)
 {
     int blocks = (N + NB - 1) / NB;
 #pragma omp parallel for schedule(static) if ((long)M * N * K >= MIN_PARALLEL_WORK)
     for (int nb = 0; nb < blocks; nb++)
-        column_block(nb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        column_block(nb, M, N, K, alpha, A, lda, B, ldb, packed, fmt, beta, C, ldc);
+}
+
+/* 16 elements of B from element i on, widened to float32 */
+static inline v16 load16_as(int fmt, const void *B, size_t i)
+{
+    if (fmt == F32)
+        return load16((const float *)B + i);
+#if HAVE_F16
+    if (fmt == F16)
+        return load16_f16((const uint16_t *)B + i);
+#endif
+    return load16_bf16((const uint16_t *)B + i);
+}
+
+/* A large product on packed B: each panel of columns unpacked to float32, then the other BLAS. */
+static void unpacked_sgemm(int M, int N, int K, const float *A, int lda, const void *B, int fmt, float *C, int ldc)
+{
+    float *panel = malloc(sizeof(float) * (size_t)K * UNPACK_PANEL);
+    if (panel == NULL) {
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++)
+                C[(size_t)m * ldc + n] = __builtin_nanf("");
+        return;
+    }
+    for (int p0 = 0; p0 < N; p0 += UNPACK_PANEL) {
+        int pw = N - p0 < UNPACK_PANEL ? N - p0 : UNPACK_PANEL;
+#pragma omp parallel for schedule(static)
+        for (int k = 0; k < K; k++)
+            for (int n0 = p0; n0 < p0 + pw; n0 += NB) {
+                int nw = N - n0 < NB ? N - n0 : NB;
+                size_t from = (size_t)n0 * K + (size_t)k * nw;
+                float *to = panel + (size_t)k * pw + (n0 - p0);
+                if (nw == NB)
+                    for (int j = 0; j < NB; j += 16)
+                        store16(to + j, load16_as(fmt, B, from + j));
+                else
+                    for (int n = 0; n < nw; n++)
+                        to[n] = element(fmt, B, from + n);
+            }
+        real_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, M, pw, K, 1.0f, A, lda, panel, pw, 0.0f, C + p0, ldc);
+    }
+    free(panel);
+}
+
+/* A call on packed weights: the shapes as the caller passed them (see the top). */
+static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, const void *B, float *C, int ldc)
+{
+    __atomic_add_fetch(&packed_calls, 1, __ATOMIC_RELAXED);
+    if (fmt != F32) { /* 16-bit B: A and C have two rows per real row */
+        if (M % 2 != 0 || lda != K) {
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */
+            return;
+        }
+        M /= 2;
+        K *= 2;
+        lda = K;
+    }
+    if (M <= SMALL_M_MAX) {
+        __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+        small_sgemm(M, N, K, 1.0f, A, lda, B, N, 1, fmt, 0.0f, C, ldc);
+    } else {
+        unpacked_sgemm(M, N, K, A, lda, B, fmt, C, ldc);
+    }
 }
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc)
 {
+    uint32_t bits;
+    memcpy(&bits, &alpha, sizeof bits);
+    if ((bits == PACKED_F32 || bits == PACKED_BF16 || (HAVE_F16 && bits == PACKED_F16)) && order == ROW_MAJOR &&
+        trans_a == NO_TRANS && trans_b == NO_TRANS && beta == 0.0f && M >= 1 && N >= 1 && K >= 1) {
+        packed_sgemm(bits == PACKED_F32 ? F32 : bits == PACKED_F16 ? F16 : BF16, M, N, K, A, lda, B, C, ldc);
+        return;
+    }
     if (enabled && order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && M <= SMALL_M_MAX && N >= 1 && K >= 1) {
         __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
         if (trans_b == NO_TRANS)
-            small_sgemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            small_sgemm(M, N, K, alpha, A, lda, B, ldb, 0, F32, beta, C, ldc);
         else
             small_sgemm_bt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -163,7 +328,7 @@ int mlxspec_gemm_init(const char *blas_path)
     return real_sgemm != NULL && real_sgemm != cblas_sgemm ? 0 : -1;
 }
 
-/* 1: small products here (the default); 0: every call to the other BLAS.  Returns the old setting. */
+/* 1: small products here (the default); 0: every unpacked call to the other BLAS.  Returns the old setting. */
 int mlxspec_gemm_enable(int on)
 {
     int old = enabled;
@@ -173,4 +338,7 @@ int mlxspec_gemm_enable(int on)
 
 int mlxspec_gemm_enabled(void) { return enabled; }
 long mlxspec_gemm_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
+long mlxspec_gemm_packed_calls(void) { return __atomic_load_n(&packed_calls, __ATOMIC_RELAXED); }
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }
+/* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16. */
+int mlxspec_gemm_formats(void) { return 1 | (HAVE_F16 << 1) | 4; }

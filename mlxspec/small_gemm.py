@@ -39,6 +39,7 @@ ENV = "MLXSPEC_SMALL_GEMM"  # "0": OpenBLAS takes every call
 SOURCE = Path(__file__).with_name("small_gemm.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
+SPIN_COUNT = "30000"  # GOMP_SPINCOUNT: how long idle OpenMP threads spin before they sleep
 
 _state: dict = {"lib": None, "why": None}
 
@@ -110,10 +111,14 @@ def preload(blas_path: str) -> bool:
     path = build()
     if path is None:
         return False
-    # idle OpenMP threads sleep at once instead of spinning: several decoding processes on a few
-    # cores (a server and its clients, tests) would otherwise take turns burning them; no slower
-    # here (target step 189 / 189 ms, median of 5 runs each, spinning / sleeping)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # idle OpenMP threads spin briefly, then sleep: a forward makes ~200 products a few tens of
+    # microseconds apart, and waking sleeping threads for each one costs time: a packed target
+    # step took 82-84 ms with OMP_WAIT_POLICY=PASSIVE (sleep at once), 63-83 ms with this spin
+    # (3 runs each); GCC's default spins 10x longer.  Idle processes (a server, a chat waiting
+    # for input) still sleep
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # GCC's libgomp: spins
+        os.environ.setdefault("KMP_BLOCKTIME", "1")  # LLVM's libomp: milliseconds
     try:
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         if lib.mlxspec_gemm_init(blas_path.encode()) != 0:
@@ -123,6 +128,7 @@ def preload(blas_path: str) -> bool:
         _state["why"] = f"it could not be loaded ({e})"[:160]
         return False
     lib.mlxspec_gemm_calls.restype = ctypes.c_long
+    lib.mlxspec_gemm_packed_calls.restype = ctypes.c_long
     _state["lib"] = lib
     return True
 
@@ -152,6 +158,18 @@ def calls() -> int:
     """Products the kernel has computed in this process (0 when not loaded)."""
     lib = _state["lib"]
     return int(lib.mlxspec_gemm_calls()) if lib is not None else 0
+
+
+def packed_calls() -> int:
+    """Products on packed weights (packed_weights.py) in this process."""
+    lib = _state["lib"]
+    return int(lib.mlxspec_gemm_packed_calls()) if lib is not None else 0
+
+
+def formats() -> int:
+    """The packed weight formats the kernel reads (bits: 1 float32, 2 float16, 4 bfloat16); 0 when not loaded."""
+    lib = _state["lib"]
+    return int(lib.mlxspec_gemm_formats()) if lib is not None else 0
 
 
 def max_rows() -> int:

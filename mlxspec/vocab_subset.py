@@ -36,8 +36,9 @@ from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
-from . import blas_layout
+from . import blas_layout, packed_weights
 from .errors import MlxspecError
 from .views import View
 
@@ -207,7 +208,11 @@ class _Rows:
 
     def __init__(self, layer, ids: mx.array, embedding: bool):
         self.layer, self.embedding = layer, embedding
-        if "wt" in layer:  # a TransposedLinear (blas_layout.py): its columns
+        self.packed = None
+        if isinstance(layer, packed_weights.PackedLinear):  # its columns, packed as it is
+            self.packed = layer.take_columns(np.array(ids))
+            self.params = {"bias": layer["bias"][ids]} if "bias" in layer else {}
+        elif "wt" in layer:  # a TransposedLinear (blas_layout.py): its columns
             self.params = {"wt": mx.take(layer["wt"], ids, axis=1)}
             if "bias" in layer:
                 self.params["bias"] = layer["bias"][ids]
@@ -218,6 +223,10 @@ class _Rows:
                 and blas_layout.wanted():  # the rows, stored as BLAS likes them (blas_layout.py)
             self.params["wt"] = mx.contiguous(self.params.pop("weight").T)
         mx.eval(self.params)  # now: MLX streams are per thread, and replies may run on another one
+        if "wt" in self.params:  # packed for the small-batch kernel, when it is loaded (packed_weights.py)
+            self.packed = packed_weights.pack(self.params["wt"])
+            if self.packed is not None:
+                del self.params["wt"]
 
     def __getattr__(self, name):
         return getattr(self.__dict__["layer"], name)
@@ -228,6 +237,8 @@ class _Rows:
             out = mx.quantized_matmul(x, p["weight"], scales=p["scales"], biases=p.get("biases"), transpose=True,
                                       group_size=self.layer.group_size, bits=self.layer.bits,
                                       mode=getattr(self.layer, "mode", "affine"))
+        elif self.packed is not None:
+            out = self.packed(x)
         elif "wt" in p:
             out = x @ p["wt"]
         else:
@@ -250,7 +261,7 @@ class SubsetHead:
         self.base, self.vocab_size = model, vocab_size
         inner = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
-        if head is not None and ("weight" in head or "wt" in head):
+        if head is not None and ("weight" in head or "wt" in head or isinstance(head, packed_weights.PackedLinear)):
             self._kind = "lm_head"
         elif inner is not None and getattr(inner, "embed_tokens", None) is not None:
             self._kind = "embed_tokens"

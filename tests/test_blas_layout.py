@@ -10,7 +10,7 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec import blas_layout, cost_model
+from mlxspec import blas_layout, cost_model, packed_weights
 from mlxspec.blas_layout import TransposedLinear
 from mlxspec.drafters import ModelDrafter
 from mlxspec.vocab_subset import SubsetHead
@@ -79,9 +79,11 @@ def test_pruned_head_on_a_prepared_model():
 
 
 def test_loading_lays_out_the_models(tiny_pair):
-    """mlxspec.load on the CPU backend: target and draft converted, and the greedy
+    """mlxspec.load on the CPU backend: target and draft converted (packed, with the
+    small-batch kernel: random float32 weights stay float32), and the greedy
     speculative output still equals plain decoding's."""
-    assert blas_layout.layout(tiny_pair.target) == "blas" and blas_layout.layout(tiny_pair.draft) == "blas"
+    want = "packed f32" if packed_weights.available() else "blas"
+    assert blas_layout.layout(tiny_pair.target) == want and blas_layout.layout(tiny_pair.draft) == want
     prompt = "the quick brown fox"
     plain = mlxspec.generate(tiny_pair, prompt, max_tokens=24, drafter="none")
     spec = mlxspec.generate(tiny_pair, prompt, max_tokens=24, num_draft=4)

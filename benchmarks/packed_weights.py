@@ -1,0 +1,105 @@
+"""What packed weights (mlxspec/packed_weights.py) gain on the CPU backend.
+
+    python benchmarks/packed_weights.py                     # 3 code prompts, 48 tokens, 3 repeats
+    python benchmarks/packed_weights.py --prompts 0 --max-tokens 64
+
+One process, the default pair loaded once, unpacked (MLXSPEC_PACKED=0: the
+float32 BLAS layout of blas_layout.py, through the small-batch kernel), and a
+packed copy of every linear layer made from it (16 bits where exact); the
+layers are swapped per run.  Five contenders run interleaved on each prompt,
+warm, in a rotating order per repeat: plain decoding and the default unpacked,
+and plain, the default and mlx-lm k=3 packed.  Each setting has its own
+calibration (the key names the layout).  Reported: decode tok/s per contender
+(median, range), run-by-run ratios of the same repeat, tokens per target pass,
+and whether every greedy output is identical.  Needs the pair pulled
+(`mlxspec pull`) and ~13 GB of memory (both copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["MLXSPEC_PACKED"] = "0"  # load unpacked; the packed copies are made below
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlxspec  # noqa: E402  (sets up the MLX backend first)
+import numpy as np  # noqa: E402
+from mlxspec import backend, packed_weights  # noqa: E402
+from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec.bench_contenders import make_contender  # noqa: E402
+from mlxspec.blas_layout import TransposedLinear, _parent  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from side_by_side import finish, interleave  # noqa: E402
+
+# name: (contender spec, packed)
+CONTENDERS = {"plain unpacked": ("plain", False), "default unpacked": ("model:auto", False),
+              "plain packed": ("plain", True), "default packed": ("model:auto", True),
+              "mlx-lm k=3 packed": ("mlx-lm:3", True)}
+RATIOS = ["plain packed / plain unpacked", "default packed / default unpacked", "default packed / plain unpacked",
+          "default unpacked / plain unpacked", "default packed / plain packed", "mlx-lm k=3 packed / plain packed",
+          "default packed / mlx-lm k=3 packed"]
+
+
+def copies(model) -> dict:
+    """path -> (unpacked layer, packed layer) for every TransposedLinear of `model`."""
+    out = {}
+    for path, m in list(model.named_modules()):
+        if isinstance(m, TransposedLinear):
+            w = np.ascontiguousarray(np.array(m.wt).T)
+            out[path] = (m, packed_weights.PackedLinear.from_rows(w, m["bias"] if "bias" in m else None))
+    return out
+
+
+def use(model, layers: dict, packed: bool) -> None:
+    for path, pair in layers.items():
+        parent, name = _parent(model, path)
+        if isinstance(parent, list):
+            parent[int(name)] = pair[packed]
+        else:
+            setattr(parent, name, pair[packed])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", default="code")
+    ap.add_argument("--prompts", type=str, default="binary-search,rust-parse,sql-query",
+                    help="prompt ids of the suite, comma-separated, or 0 for all")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("packed-weights.json"))
+    args = ap.parse_args()
+    pair = mlxspec.load()
+    os.environ["MLXSPEC_PACKED"] = "16"
+    if not packed_weights.available():
+        print("packed weights are not available here (no small-batch kernel)", file=sys.stderr)
+        return 2
+    layers = {"target": copies(pair.target), "draft": copies(pair.draft)}
+    formats = sorted({p.fmt for d in layers.values() for _, p in d.values()})
+    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
+    wanted = None if args.prompts == "0" else args.prompts.split(",")
+    prompts = [p for p in suite if wanted is None or p["id"] in wanted]
+    made = {name: (make_contender(spec), packed) for name, (spec, packed) in CONTENDERS.items()}
+
+    def run(name, ids, n):
+        c, packed = made[name]
+        use(pair.target, layers["target"], packed)
+        use(pair.draft, layers["draft"], packed)
+        return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+
+    summary = interleave(prompts, list(made), run,
+                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         RATIOS, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "packed_formats": formats,
+           "suite": args.suite, "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts],
+           "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

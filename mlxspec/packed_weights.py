@@ -1,0 +1,264 @@
+"""Weights packed for the small-batch kernel (small_gemm.c): column blocks, and
+16 bits per weight where that is exact.
+
+A decode step streams every weight once, so its time is bytes.  Two layouts cut
+them, measured here with a C driver over the default target's 28 layers of
+matmuls (min of 7; `benchmarks/packed_weights.py` measures whole models):
+- Column blocks: each block of 64 output columns stores its K rows contiguously,
+  so the kernel reads one stream per block instead of K short strided pieces;
+  1 / 8 / 16 rows 122 / 178 / 233 ms -> 103 / 141 / 171 ms.
+- 16-bit storage: the default pair was converted from float16 GGUF files, so
+  every weight is a float16 value held as float32.  Stored as float16 (or as
+  bfloat16, for bf16 checkpoints) and widened exactly before each multiply,
+  the product is bit for bit the float32 one at half the bytes; 1 / 8 rows
+  56 / 104 ms.  A weight matrix that is not exact in 16 bits stays float32.
+
+MLX sends only float32 products to `cblas_sgemm`, so a packed weight is held as
+a float32 array of the same bytes and the call is marked by its `alpha` (a bit
+pattern no real call uses; small_gemm.c's PACKED_*), which the kernel reads as
+"B is packed in format F".  A 16-bit (K, N) weight is a float32 (K/2, N) array;
+A is passed as (2M, K/2) and C as (2M, N) -- the same memory -- and the first M
+rows of C are the product.  Nothing is registered and nothing outlives the
+array.  `prepare` tests each format on a small product first and packs nothing
+when the kernel does not compute it exactly (a future MLX that calls the BLAS
+differently).
+
+The model's own forward runs: a `PackedLinear` is called where the model calls
+its linear layer (as blas_layout.py's `TransposedLinear`).  Only the CPU
+backend with the kernel loaded packs; MLXSPEC_PACKED=0 turns it off, =f32 keeps
+float32 (blocks only).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+ENV = "MLXSPEC_PACKED"  # "0": off; "f32": column blocks only; default: 16 bits where exact
+NB = 64  # columns per block (small_gemm.c's NB)
+ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03}  # small_gemm.c's PACKED_*
+FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4}  # mlxspec_gemm_formats()
+
+_checked: dict[str, bool] = {}
+
+
+def _alpha(fmt: str) -> float:
+    return struct.unpack("<f", struct.pack("<I", ALPHA_BITS[fmt]))[0]
+
+
+def setting() -> str:
+    """'0' (off), 'f32' or '16' (the default)."""
+    v = os.environ.get(ENV, "16")
+    return v if v in ("0", "f32") else "16"
+
+
+def available() -> bool:
+    """Can this process pack (CPU backend, the kernel loaded, not turned off)?"""
+    from . import blas_layout, small_gemm
+
+    return setting() != "0" and blas_layout.wanted() and small_gemm.loaded()
+
+
+def _kernel_formats() -> int:
+    from . import small_gemm
+
+    return small_gemm.formats()
+
+
+def narrowed(w: np.ndarray, narrow: bool = True) -> tuple[str, np.ndarray]:
+    """(format, values): `w` (float32, in-dimension last) in the narrowest format
+    that holds every value exactly -- float16, bfloat16 (as its 16 high bits) or
+    float32 -- and with an even in-dimension for 16 bits."""
+    if narrow and setting() == "16" and w.shape[-1] % 2 == 0:
+        if _kernel_formats() & FORMAT_BIT["f16"]:
+            with np.errstate(over="ignore"):
+                h = w.astype(np.float16)
+            if np.array_equal(h.astype(np.float32), w):
+                return "f16", h.view(np.uint16)
+        bits = w.view(np.uint32)
+        if not (bits & 0xFFFF).any():
+            return "bf16", (bits >> 16).astype(np.uint16)
+    return "f32", w
+
+
+def choose_format(wt: np.ndarray, narrow: bool = True) -> str:
+    """The format `narrowed` picks for an (in, out) weight `wt`."""
+    return narrowed(np.ascontiguousarray(wt.T), narrow)[0]
+
+
+def block_rows(w: np.ndarray) -> np.ndarray:
+    """An (out, in) weight -> flat column blocks of its (in, out) transpose: block b
+    (outputs 64b..64b+63) holds its `in` rows contiguously, 64 values each; the last
+    block may be narrower."""
+    N, K = w.shape
+    full = N // NB * NB
+    blocks = w[:full].reshape(N // NB, NB, K).transpose(0, 2, 1).reshape(-1)
+    return blocks if full == N else np.concatenate([blocks, np.ascontiguousarray(w[full:].T).reshape(-1)])
+
+
+def block(wt: np.ndarray) -> np.ndarray:
+    """(K, N) row-major -> flat column blocks (see `block_rows`)."""
+    return block_rows(wt.T)
+
+
+def unblock(flat: np.ndarray, K: int, N: int) -> np.ndarray:
+    full = N // NB * NB
+    out = np.empty((K, N), dtype=flat.dtype)
+    out[:, :full] = flat[:K * full].reshape(N // NB, K, NB).transpose(1, 0, 2).reshape(K, full)
+    if full < N:
+        out[:, full:] = flat[K * full:].reshape(K, N - full)
+    return out
+
+
+def _widened(values: np.ndarray, fmt: str) -> np.ndarray:
+    """Stored values (float32, or float16 / bfloat16 bits) as float32."""
+    if fmt == "f16":
+        return values.view(np.float16).astype(np.float32)
+    if fmt == "bf16":
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values
+
+
+def _as_float32(flat: np.ndarray, K: int, N: int) -> mx.array:
+    """Blocked elements (float32, or 16-bit) as the float32 array MLX is given: (K, N) or (K/2, N)."""
+    return mx.array(flat.view(np.float32).reshape(K if flat.dtype == np.float32 else K // 2, N))
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose (in, out) weight is packed for small_gemm.c."""
+
+    def __init__(self, packed: mx.array, K: int, N: int, fmt: str, bias: mx.array | None = None):
+        super().__init__()
+        self.packed = packed
+        if bias is not None:
+            self.bias = bias
+        self.in_dims, self.out_dims, self.fmt = K, N, fmt
+        self._alpha = _alpha(fmt)
+        mx.eval(self.parameters())
+
+    @classmethod
+    def from_rows(cls, w: np.ndarray, bias: mx.array | None = None, narrow: bool = True) -> "PackedLinear":
+        """Pack the (out, in) float32 weight `w` in the narrowest exact format."""
+        N, K = w.shape
+        fmt, values = narrowed(w, narrow)
+        return cls(_as_float32(block_rows(values), K, N), K, N, fmt, bias)
+
+    @classmethod
+    def from_weight(cls, wt: mx.array, bias: mx.array | None, fmt: str) -> "PackedLinear":
+        """Pack the (in, out) float32 weight `wt` as `fmt` (which must hold it exactly)."""
+        w = np.ascontiguousarray(np.array(wt, dtype=np.float32).T)
+        values = {"f32": lambda: w, "f16": lambda: w.astype(np.float16).view(np.uint16),
+                  "bf16": lambda: (w.view(np.uint32) >> 16).astype(np.uint16)}[fmt]()
+        if not np.array_equal(_widened(values, fmt), w):
+            raise ValueError(f"the weight is not exact in {fmt}")
+        K, N = wt.shape
+        return cls(_as_float32(block_rows(values), K, N), K, N, fmt, bias)
+
+    def wt(self) -> mx.array:
+        """The weight, (in, out) float32, unpacked (for code that inspects it)."""
+        flat = np.array(self.packed).reshape(-1)
+        return mx.array(unblock(_widened(flat if self.fmt == "f32" else flat.view(np.uint16), self.fmt),
+                                self.in_dims, self.out_dims))
+
+    def take_columns(self, ids) -> "PackedLinear":
+        """A PackedLinear of the output columns `ids` (same format, no bias), gathered
+        from the packed storage without unpacking the rest."""
+        K, N = self.in_dims, self.out_dims
+        raw = np.array(self.packed).reshape(-1).view(np.float32 if self.fmt == "f32" else np.uint16)
+        ids = np.asarray(ids, dtype=np.int64)
+        full = N // NB * NB
+        cols = np.empty((K, len(ids)), dtype=raw.dtype)
+        inside = ids < full
+        cols[:, inside] = raw[:K * full].reshape(N // NB, K, NB)[ids[inside] // NB, :, ids[inside] % NB].T
+        if not inside.all():
+            cols[:, ~inside] = raw[K * full:].reshape(K, N - full)[:, ids[~inside] - full]
+        return PackedLinear(_as_float32(block(cols), K, len(ids)), K, len(ids), self.fmt)
+
+    @property
+    def weight(self) -> mx.array:
+        """(out, in), as mlx-lm lays it out (unpacked: a copy)."""
+        return self.wt().T
+
+    def __call__(self, x: mx.array) -> mx.array:
+        K, N = self.in_dims, self.out_dims
+        lead = x.shape[:-1]
+        M = 1
+        for d in lead:
+            M *= d
+        zero = mx.array(0.0, dtype=mx.float32)
+        if self.fmt == "f32":
+            y = mx.addmm(zero, x.reshape(M, K), self.packed, alpha=self._alpha, beta=0.0)
+        else:
+            y = mx.addmm(zero, x.reshape(2 * M, K // 2), self.packed, alpha=self._alpha, beta=0.0)[:M]
+        y = y.reshape(*lead, N)
+        return y + self["bias"] if "bias" in self else y
+
+
+def works(fmt: str) -> bool:
+    """Does the kernel compute a product on `fmt`-packed weights exactly (checked once)?"""
+    if fmt not in _checked:
+        if not _kernel_formats() & FORMAT_BIT[fmt]:
+            _checked[fmt] = False
+            return False
+        rng = np.random.default_rng(0)
+        K, N = 130, 2 * NB + 7  # two full blocks and a narrow one
+        w = rng.standard_normal((K, N)).astype(np.float16).astype(np.float32)
+        if fmt == "bf16":
+            w = (w.view(np.uint32) & 0xFFFF0000).view(np.float32)
+        x = rng.standard_normal((3, 2, K)).astype(np.float32)
+        want = np.einsum("abk,kn->abn", x.astype(np.float64), w.astype(np.float64))
+        got = np.array(PackedLinear.from_weight(mx.array(w), None, fmt)(mx.array(x)))
+        _checked[fmt] = bool(np.allclose(got, want, rtol=1e-4, atol=1e-4))
+    return _checked[fmt]
+
+
+def pack(wt: mx.array, bias: mx.array | None = None, narrow: bool = True):
+    """A PackedLinear for the (in, out) float32 weight `wt`, or None (packing unavailable)."""
+    if not available() or wt.dtype != mx.float32 or wt.ndim != 2:
+        return None
+    return _checked_pack(np.ascontiguousarray(np.array(wt).T), bias, narrow)
+
+
+def _checked_pack(w: np.ndarray, bias, narrow: bool):
+    fmt = narrowed(w, narrow)[0]
+    if not works(fmt):
+        if not works("f32"):
+            return None
+        narrow = False
+    return PackedLinear.from_rows(w, bias, narrow)
+
+
+def prepare(model: nn.Module, narrow: bool = True) -> dict[str, int]:
+    """Pack every float32 `nn.Linear` of `model` (run before blas_layout.prepare,
+    which lays out what is left); how many layers went to each format.  One layer
+    at a time, so memory never holds more than one extra weight."""
+    from .blas_layout import _parent
+
+    counts: dict[str, int] = {}
+    if not available():
+        return counts
+    todo = [path for path, m in model.named_modules() if type(m) is nn.Linear and m.weight.dtype == mx.float32]
+    for path in todo:
+        parent, name = _parent(model, path)
+        old = parent[int(name)] if isinstance(parent, list) else parent[name]
+        new = _checked_pack(np.asarray(memoryview(old.weight)), old["bias"] if "bias" in old else None, narrow)
+        if new is None:
+            break
+        if isinstance(parent, list):
+            parent[int(name)] = new
+        else:
+            setattr(parent, name, new)
+        counts[new.fmt] = counts.get(new.fmt, 0) + 1
+    return counts
+
+
+def layout(model) -> str:
+    """The packed formats of `model`, for calibration keys: e.g. "packed f16", or ""."""
+    if model is None:
+        return ""
+    fmts = sorted({m.fmt for _, m in model.named_modules() if isinstance(m, PackedLinear)})
+    return f"packed {'+'.join(fmts)}" if fmts else ""
