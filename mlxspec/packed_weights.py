@@ -168,7 +168,7 @@ class PackedLinear(nn.Module):
         """A PackedLinear of the output columns `ids` (same format, no bias), gathered
         from the packed storage without unpacking the rest."""
         K, N = self.in_dims, self.out_dims
-        raw = np.array(self.packed).reshape(-1).view(np.float32 if self.fmt == "f32" else np.uint16)
+        raw = np.asarray(memoryview(self.packed)).reshape(-1).view(np.float32 if self.fmt == "f32" else np.uint16)
         ids = np.asarray(ids, dtype=np.int64)
         full = N // NB * NB
         cols = np.empty((K, len(ids)), dtype=raw.dtype)

@@ -252,10 +252,47 @@ class _Rows:
         return self.layer(x) if self.embedding else self.project(x)
 
 
+class _Joined:
+    """Two `_Rows` of one layer side by side: the subset's own rows (packed once, shared
+    by every SubsetHead of the layer) and the conversation's extra ones (few, cheap)."""
+
+    def __init__(self, first: _Rows, second: _Rows):
+        self.first, self.second = first, second
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["first"], name)
+
+    def project(self, x):
+        return mx.concatenate([self.first.project(x), self.second.project(x)], axis=-1)
+
+    def as_linear(self, x):
+        return self.project(x)
+
+    def __call__(self, x):
+        return self.first.layer(x) if self.first.embedding else self.project(x)
+
+
+_SHARED_ROWS: list = []  # [(layer, ids tuple, _Rows)]: the last few subsets built, so decoders share them
+SHARED_ROWS_KEPT = 2
+
+
+def _shared_rows(layer, ids: list[int], embedding: bool) -> _Rows:
+    key = tuple(ids)
+    for entry in _SHARED_ROWS:
+        if entry[0] is layer and entry[1] == key:
+            return entry[2]
+    rows = _Rows(layer, mx.array(ids, dtype=mx.uint32), embedding)
+    _SHARED_ROWS.insert(0, (layer, key, rows))
+    del _SHARED_ROWS[SHARED_ROWS_KEPT:]
+    return rows
+
+
 class SubsetHead:
     """A draft model whose output is the logits of the tokens `ids` only.  `include`
     widens the subset by the tokens of a conversation (its names and words are
-    likely to come back), so what the prompt says is never undraftable."""
+    likely to come back), so what the prompt says is never undraftable.  The rows of
+    `ids` are built once per draft model and shared; a conversation's extra tokens
+    are a second, small projection, so widening does not rebuild the large one."""
 
     def __init__(self, model, ids: list[int], vocab_size: int):
         self.base, self.vocab_size = model, vocab_size
@@ -268,28 +305,36 @@ class SubsetHead:
         else:
             raise MlxspecError(f"cannot prune the head of {type(model).__module__}: no lm_head or tied "
                                "embed_tokens; use --draft-vocab full")
-        self._build(sorted(set(ids)))
+        self._own = sorted(set(ids))
+        self._build([])
         width = self.model(mx.array([[0]])).shape[-1]  # the model's own forward must use the pruned rows
         if width != self.size:
             raise MlxspecError(f"cannot prune the head of {type(model).__module__}: its forward does not go "
                                "through lm_head / embed_tokens.as_linear; use --draft-vocab full")
 
-    def _build(self, ids: list[int]):
+    def _build(self, extra: list[int]):
+        """The view for the subset's own ids, then `extra` (sorted, disjoint from them)."""
+        ids = self._own + extra
+        self._extra = extra
         self._set = set(ids)
         self.ids = mx.array(ids, dtype=mx.uint32)
         self.size = len(ids)
         model = self.base
+        layer = model.lm_head if self._kind == "lm_head" else model.model.embed_tokens
+        embedding = self._kind != "lm_head"
+        rows = _shared_rows(layer, self._own, embedding)
+        if extra:
+            rows = _Joined(rows, _Rows(layer, mx.array(extra, dtype=mx.uint32), embedding))
         if self._kind == "lm_head":
-            self.model = View(model, lm_head=_Rows(model.lm_head, self.ids, embedding=False))
+            self.model = View(model, lm_head=rows)
         else:
-            inner = model.model
-            self.model = View(model, model=View(inner, embed_tokens=_Rows(inner.embed_tokens, self.ids, True)))
+            self.model = View(model, model=View(model.model, embed_tokens=rows))
 
     def include(self, tokens) -> bool:
         """Add `tokens` to the subset; True when it changed (then `model` is a new view)."""
         new = {t for t in tokens if 0 <= t < self.vocab_size} - self._set
         if new:
-            self._build(sorted(self._set | new))
+            self._build(sorted(set(self._extra) | new))
         return bool(new)
 
     def scatter(self, logits: mx.array) -> mx.array:

@@ -169,6 +169,11 @@ def test_a_packed_draft_head_can_be_pruned(tmp_path):
     head = vocab_subset.SubsetHead(model, list(range(0, 300, 3)), 300)
     x = mx.array([[4, 8, 15, 16]])
     assert np.array_equal(np.array(head.model(x)), np.array(model(x))[..., ::3])
+    again = vocab_subset.SubsetHead(model, list(range(0, 300, 3)), 300)  # a new decoder: the rows are shared
+    assert again.model.lm_head is head.model.lm_head
+    assert again.include([3, 5, 7]) and again.model.lm_head.first is head.model.lm_head  # 5, 7: a small extra
+    assert np.array(again.ids).tolist() == list(range(0, 300, 3)) + [5, 7]
+    assert np.array_equal(np.array(again.model(x)), np.array(model(x))[..., np.array(again.ids)])
 
 
 def test_turned_off_by_environment(tmp_path):
