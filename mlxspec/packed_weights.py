@@ -18,7 +18,7 @@ a float32 array of the same bytes and the call is marked by its `alpha` (a bit
 pattern no real call uses; small_gemm.c's PACKED_*), which the kernel reads as
 "B is packed in format F".  A 16-bit (K, N) weight is a float32 (K/2, N) array;
 A is passed as (2M, K/2) and C as (2M, N) -- the same memory -- and the first M
-rows of C are the product.  Nothing is registered and nothing outlives the
+rows of C are the product; a bias is addmm's C.  Nothing is registered and nothing outlives the
 array.  `prepare` tests each format on a small product first and packs nothing
 when the kernel does not compute it exactly (a future MLX that calls the BLAS
 differently).
@@ -44,6 +44,7 @@ ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03}  # small
 FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4}  # mlxspec_gemm_formats()
 
 _checked: dict[str, bool] = {}
+_ZERO = mx.array(0.0, dtype=mx.float32)  # addmm's C when there is no bias
 
 
 def _alpha(fmt: str) -> float:
@@ -184,18 +185,21 @@ class PackedLinear(nn.Module):
         return self.wt().T
 
     def __call__(self, x: mx.array) -> mx.array:
-        K, N = self.in_dims, self.out_dims
+        """x @ W + bias: one addmm on the rows of x as a 2-D matrix (the shape MLX is
+        known to send to `cblas_sgemm`: a broadcast view of one row takes another path),
+        the bias as its C.  For 16 bits each row is passed as two half rows and the
+        first half of the result is kept."""
         lead = x.shape[:-1]
-        M = 1
+        rows = 1
         for d in lead:
-            M *= d
-        zero = mx.array(0.0, dtype=mx.float32)
+            rows *= d
+        bias, beta = (self["bias"], 1.0) if "bias" in self else (_ZERO, 0.0)
         if self.fmt == "f32":
-            y = mx.addmm(zero, x.reshape(M, K), self.packed, alpha=self._alpha, beta=0.0)
+            y = mx.addmm(bias, x.reshape(rows, self.in_dims), self.packed, alpha=self._alpha, beta=beta)
         else:
-            y = mx.addmm(zero, x.reshape(2 * M, K // 2), self.packed, alpha=self._alpha, beta=0.0)[:M]
-        y = y.reshape(*lead, N)
-        return y + self["bias"] if "bias" in self else y
+            halves = x.reshape(2 * rows, self.in_dims // 2)
+            y = mx.addmm(bias, halves, self.packed, alpha=self._alpha, beta=beta)[:rows]
+        return y.reshape(*lead, self.out_dims)
 
 
 def works(fmt: str) -> bool:
@@ -211,8 +215,10 @@ def works(fmt: str) -> bool:
             w = (w.view(np.uint32) & 0xFFFF0000).view(np.float32)
         x = rng.standard_normal((3, 2, K)).astype(np.float32)
         want = np.einsum("abk,kn->abn", x.astype(np.float64), w.astype(np.float64))
-        got = np.array(PackedLinear.from_weight(mx.array(w), None, fmt)(mx.array(x)))
-        _checked[fmt] = bool(np.allclose(got, want, rtol=1e-4, atol=1e-4))
+        layer = PackedLinear.from_weight(mx.array(w), None, fmt)
+        got, one = np.array(layer(mx.array(x))), np.array(layer(mx.array(x[0, 0])))  # many rows, one row
+        _checked[fmt] = bool(np.allclose(got, want, rtol=1e-4, atol=1e-4)
+                             and np.allclose(one, want[0, 0], rtol=1e-4, atol=1e-4))
     return _checked[fmt]
 
 

@@ -21,7 +21,8 @@
  * float16 / bfloat16 (weights that are exactly representable there: half the
  * bytes, widened to float32 exactly before each multiply).  The caller passes a
  * 16-bit B as a float32 (K/2, N) matrix, A as (2M, K/2) and C as (2M, N), the
- * same memory; rows M..2M-1 of C are left as they were.  Packed calls always
+ * same memory; rows M..2M-1 of C are left as they were.  C = product + beta C
+ * (the bias, which MLX's addmm has copied into C).  Packed calls always
  * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill)
  * unpack B one panel at a time for the other BLAS.
  *
@@ -245,7 +246,8 @@ static inline v16 load16_as(int fmt, const void *B, size_t i)
 }
 
 /* A large product on packed B: each panel of columns unpacked to float32, then the other BLAS. */
-static void unpacked_sgemm(int M, int N, int K, const float *A, int lda, const void *B, int fmt, float *C, int ldc)
+static void unpacked_sgemm(int M, int N, int K, const float *A, int lda, const void *B, int fmt, float beta, float *C,
+                           int ldc)
 {
     float *panel = malloc(sizeof(float) * (size_t)K * UNPACK_PANEL);
     if (panel == NULL) {
@@ -269,13 +271,14 @@ static void unpacked_sgemm(int M, int N, int K, const float *A, int lda, const v
                     for (int n = 0; n < nw; n++)
                         to[n] = element(fmt, B, from + n);
             }
-        real_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, M, pw, K, 1.0f, A, lda, panel, pw, 0.0f, C + p0, ldc);
+        real_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, M, pw, K, 1.0f, A, lda, panel, pw, beta, C + p0, ldc);
     }
     free(panel);
 }
 
 /* A call on packed weights: the shapes as the caller passed them (see the top). */
-static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, const void *B, float *C, int ldc)
+static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, const void *B, float beta, float *C,
+                         int ldc)
 {
     __atomic_add_fetch(&packed_calls, 1, __ATOMIC_RELAXED);
     if (fmt != F32) { /* 16-bit B: A and C have two rows per real row */
@@ -291,9 +294,9 @@ static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, 
     }
     if (M <= SMALL_M_MAX) {
         __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
-        small_sgemm(M, N, K, 1.0f, A, lda, B, N, 1, fmt, 0.0f, C, ldc);
+        small_sgemm(M, N, K, 1.0f, A, lda, B, N, 1, fmt, beta, C, ldc);
     } else {
-        unpacked_sgemm(M, N, K, A, lda, B, fmt, C, ldc);
+        unpacked_sgemm(M, N, K, A, lda, B, fmt, beta, C, ldc);
     }
 }
 
@@ -303,8 +306,8 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
     uint32_t bits;
     memcpy(&bits, &alpha, sizeof bits);
     if ((bits == PACKED_F32 || bits == PACKED_BF16 || (HAVE_F16 && bits == PACKED_F16)) && order == ROW_MAJOR &&
-        trans_a == NO_TRANS && trans_b == NO_TRANS && beta == 0.0f && M >= 1 && N >= 1 && K >= 1) {
-        packed_sgemm(bits == PACKED_F32 ? F32 : bits == PACKED_F16 ? F16 : BF16, M, N, K, A, lda, B, C, ldc);
+        trans_a == NO_TRANS && trans_b == NO_TRANS && M >= 1 && N >= 1 && K >= 1) {
+        packed_sgemm(bits == PACKED_F32 ? F32 : bits == PACKED_F16 ? F16 : BF16, M, N, K, A, lda, B, beta, C, ldc);
         return;
     }
     if (enabled && order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && M <= SMALL_M_MAX && N >= 1 && K >= 1) {

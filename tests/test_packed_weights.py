@@ -85,9 +85,10 @@ def test_bias_and_leading_dims(fmt):
     w, b = weights(64, 96, fmt), np.arange(96, dtype=np.float32)
     packed = PackedLinear.from_weight(mx.array(w), mx.array(b), fmt)
     x = np.random.default_rng(3).standard_normal((2, 3, 64)).astype(np.float32)
-    got = np.array(packed(mx.array(x)))
+    got = np.array(packed(mx.array(x)))  # a batch of A: MLX folds it into the rows
     assert got.shape == (2, 3, 96)
     assert np.allclose(got, x @ w + b, rtol=1e-5, atol=1e-4)
+    assert np.allclose(np.array(packed(mx.array(x[0, 0]))), x[0, 0] @ w + b, rtol=1e-5, atol=1e-4)  # 1-D
 
 
 def test_packed_calls_reach_the_kernel_when_it_is_switched_off():
