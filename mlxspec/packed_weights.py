@@ -18,10 +18,10 @@ a float32 array of the same bytes and the call is marked by its `alpha` (a bit
 pattern no real call uses; small_gemm.c's PACKED_*), which the kernel reads as
 "B is packed in format F".  A 16-bit (K, N) weight is a float32 (K/2, N) array;
 A is passed as (2M, K/2) and C as (2M, N) -- the same memory -- and the first M
-rows of C are the product; a bias is addmm's C.  Nothing is registered and nothing outlives the
-array.  `prepare` tests each format on a small product first and packs nothing
-when the kernel does not compute it exactly (a future MLX that calls the BLAS
-differently).
+rows of C are the product; a bias is addmm's C.  Nothing is registered and
+nothing outlives the array.  Each format is tested once on a small product
+(`works`) and nothing is packed in a format the kernel does not compute exactly
+(a future MLX that calls the BLAS differently); a malformed 16-bit call gives NaN.
 
 The model's own forward runs: a `PackedLinear` is called where the model calls
 its linear layer (as blas_layout.py's `TransposedLinear`).  Only the CPU
