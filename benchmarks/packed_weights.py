@@ -17,8 +17,6 @@ and whether every greedy output is identical.  Needs the pair pulled
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +33,7 @@ from mlxspec.blas_layout import TransposedLinear, _parent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
 
 # name: (contender spec, packed)
 CONTENDERS = {"plain unpacked": ("plain", False), "default unpacked": ("model:auto", False),
@@ -66,14 +64,7 @@ def use(model, layers: dict, packed: bool) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", default="code")
-    ap.add_argument("--prompts", type=str, default="binary-search,rust-parse,sql-query",
-                    help="prompt ids of the suite, comma-separated, or 0 for all")
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("packed-weights.json"))
-    args = ap.parse_args()
+    args = arguments(__doc__, "binary-search,rust-parse,sql-query", 48, "packed-weights.json")
     pair = mlxspec.load()
     os.environ["MLXSPEC_PACKED"] = "16"
     if not packed_weights.available():
@@ -81,9 +72,7 @@ def main() -> int:
         return 2
     layers = {"target": copies(pair.target), "draft": copies(pair.draft)}
     formats = sorted({p.fmt for d in layers.values() for _, p in d.values()})
-    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
-    wanted = None if args.prompts == "0" else args.prompts.split(",")
-    prompts = [p for p in suite if wanted is None or p["id"] in wanted]
+    prompts = chosen_prompts(args)
     made = {name: (make_contender(spec), packed) for name, (spec, packed) in CONTENDERS.items()}
 
     def run(name, ids, n):

@@ -14,8 +14,6 @@ greedy output equals plain's.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
 PADDED = [True]
 RATIOS = ["padded / plain", "unpadded / plain", "padded / unpadded", "padded / mlx-lm k=3", "unpadded / mlx-lm k=3",
           "mlx-lm k=3 / plain"]
@@ -52,17 +50,8 @@ cost_model.CostModel.verify_width = _switched_verify
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", default="code")
-    ap.add_argument("--prompts", type=str, default="binary-search,rust-parse,complete-class",
-                    help="prompt ids of the suite, comma-separated, or 0 for all")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("padded-passes.json"))
-    args = ap.parse_args()
-    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
-    wanted = None if args.prompts == "0" else args.prompts.split(",")
-    prompts = [p for p in suite if wanted is None or p["id"] in wanted]
+    args = arguments(__doc__, "binary-search,rust-parse,complete-class", 64, "padded-passes.json")
+    prompts = chosen_prompts(args)
     pair = mlxspec.load()
     contenders = {"plain": (make_contender("plain"), True), "padded": (make_contender("model:auto"), True),
                   "unpadded": (make_contender("model:auto"), False), "mlx-lm k=3": (make_contender("mlx-lm:3"), True)}

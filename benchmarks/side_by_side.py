@@ -4,9 +4,32 @@ and writing and printing their summary."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def arguments(doc: str, prompts: str, max_tokens: int, out: str) -> argparse.Namespace:
+    """The options every side-by-side script takes, with its own defaults."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--suite", default="code")
+    ap.add_argument("--prompts", type=str, default=prompts,
+                    help="prompt ids of the suite, comma-separated, or 0 for all")
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path(out))
+    return ap.parse_args()
+
+
+def chosen_prompts(args: argparse.Namespace) -> list[dict]:
+    """The prompts of `args.suite` that `args.prompts` names (all for "0")."""
+    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
+    wanted = None if args.prompts == "0" else args.prompts.split(",")
+    return [p for p in suite if wanted is None or p["id"] in wanted]
 
 
 def spread(xs: list[float]) -> dict:

@@ -15,8 +15,6 @@ and whether every greedy output is identical.  Needs the pair pulled (`mlxspec p
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
 
 # name: (contender spec, kernel on)
 CONTENDERS = {"plain openblas": ("plain", False), "default openblas": ("model:auto", False),
@@ -41,20 +39,11 @@ RATIOS = ["plain kernel / plain openblas", "default kernel / default openblas", 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", default="code")
-    ap.add_argument("--prompts", type=str, default="binary-search,rust-parse,sql-query",
-                    help="prompt ids of the suite, comma-separated, or 0 for all")
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("small-gemm.json"))
-    args = ap.parse_args()
+    args = arguments(__doc__, "binary-search,rust-parse,sql-query", 48, "small-gemm.json")
     if not small_gemm.loaded():
         print(f"the small-batch kernel is not loaded: {small_gemm.why()}", file=sys.stderr)
         return 2
-    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
-    wanted = None if args.prompts == "0" else args.prompts.split(",")
-    prompts = [p for p in suite if wanted is None or p["id"] in wanted]
+    prompts = chosen_prompts(args)
     pair = mlxspec.load()
     made = {name: (make_contender(spec), on) for name, (spec, on) in CONTENDERS.items()}
     names = list(made)
