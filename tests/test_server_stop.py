@@ -38,8 +38,15 @@ def test_no_stops_passes_everything():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.text("abc", max_size=4), max_size=8), st.lists(st.text("abc", min_size=1, max_size=3), max_size=3))
 def test_matches_the_earliest_stop(pieces, stops):
-    text = "".join(pieces)
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    # the reply ends at the first piece after which the text holds a stop string, cut at the
+    # earliest one there: a longer stop that starts earlier but would only complete in a later
+    # piece never does (pieces ["c", "a", "b"], stops ["a", "cab"]: the reply is "c")
+    text, hits = "", []
+    for piece in pieces:
+        text += piece
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if hits:
+            break
     out, rest, stopped = run(pieces, stops)
     assert "".join(t for t, _ in out + rest) == (text[: min(hits)] if hits else text)
     assert stopped == bool(hits)
