@@ -287,6 +287,7 @@ def cache_key(pair, drafter) -> str | None:
     no folder to identify them (built in memory): those are not cached."""
     from .backend import describe
     from .blas_layout import layout
+    from .lean_ops import applied
 
     target = _model_identity(getattr(pair, "target_path", None))
     if target is None:
@@ -300,7 +301,9 @@ def cache_key(pair, drafter) -> str | None:
              "machine": platform.machine(), "target": target, "draft": draft,
              "drafter": getattr(drafter, "cost_key", drafter.name),
              "layout": [layout(getattr(pair, "target", None)),  # blas_layout.py
-                        layout(getattr(pair, "draft", None)) if draft else None]}
+                        layout(getattr(pair, "draft", None)) if draft else None],
+             "lean": [applied(getattr(pair, "target", None)),  # lean_ops.py
+                      applied(getattr(pair, "draft", None)) if draft else None]}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -1,0 +1,171 @@
+"""Fewer MLX operations per layer on the CPU backend: RoPE from tables shared by
+every layer, RMSNorm compiled.
+
+On the CPU backend MLX has no kernels of its own for `mx.fast.rope` and
+`mx.fast.rms_norm`: each call is built from ~20 and ~7 primitive operations
+(the RoPE frequencies are recomputed, with exp, cos and sin, in every layer,
+for the queries and again for the keys).  A decode step of the default draft
+was 3421 operations, of which 168 are the matmuls that move the weights; each
+costs a few microseconds of scheduling on the main thread and of work on MLX's
+stream thread, which on two cores compete with the matmul kernel's threads.
+Lean, the step is 2069 operations.  Measured here, one process, interleaved
+step by step (40 each, a noisy day), median of the paired ratios: a draft pass
+over 1 / 5 / 9 positions 1.08x / 1.00x / 1.05x faster, a target pass 1.06x /
+1.05x / 1.03x (`benchmarks/lean_ops.py` runs whole generations).
+
+* `LeanRope` replaces an `nn.RoPE` (the class mlx-lm's `initialize_rope` gives
+  when there is no scaling config): x * C + partner(x) * S, where C and S are
+  the cosines and sines of the positions (computed once per forward, in float64
+  on the host, and shared by all layers and by queries and keys) and partner(x)
+  each feature's rotation partner, signed.  All of it is element-wise: a
+  position's result does not depend on how many positions the call holds (a
+  verify pass scores each position as a plain step does).
+* `LeanRMSNorm` replaces an `nn.RMSNorm` with the same arithmetic in one
+  compiled function (two fused kernels and a reduction per call).
+
+The model's own forward runs: these modules are called where it calls its RoPE
+and norms; no architecture is re-implemented.  The results differ from MLX's
+fallbacks by float32 rounding only (the tests bound it) -- what decoding,
+speculation and trees compute is the same model everywhere in a process.  Only
+the CPU backend is changed (Metal has real kernels for both);
+MLXSPEC_LEAN=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+ENV = "MLXSPEC_LEAN"  # "0": keep mlx-lm's RoPE and RMSNorm modules
+
+
+def wanted() -> bool:
+    """Does this process slim layers (the CPU backend, not turned off)?"""
+    from .backend import is_gpu
+
+    return os.environ.get(ENV, "1") != "0" and not is_gpu()
+
+
+class RopeTables:
+    """Cosines and sines of one RoPE's frequencies for the positions of the current
+    forward, computed once and reused by every layer that asks for the same positions."""
+
+    def __init__(self, dims: int, base: float, scale: float, traditional: bool):
+        self.dims, self.traditional = dims, traditional
+        self.inv_freq = scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+        self._key, self._value = None, None
+
+    def tables(self, key, positions: np.ndarray, d: int) -> tuple[mx.array, mx.array]:
+        """(C, S), each (len(positions), d): cos / sin per rotated feature, 1 / 0 after `dims`."""
+        if key != self._key:
+            angles = positions.astype(np.float64)[:, None] * self.inv_freq[None]
+            cos, sin = np.cos(angles), np.sin(angles)
+            n = len(positions)
+            c, s = np.ones((n, d), dtype=np.float32), np.zeros((n, d), dtype=np.float32)
+            if self.traditional:
+                c[:, 0:self.dims:2], c[:, 1:self.dims:2] = cos, cos
+                s[:, 0:self.dims:2], s[:, 1:self.dims:2] = sin, sin
+            else:
+                h = self.dims // 2
+                c[:, :h], c[:, h:self.dims] = cos, cos
+                s[:, :h], s[:, h:self.dims] = sin, sin
+            self._key, self._value = key, (mx.array(c), mx.array(s))
+        return self._value
+
+
+class LeanRope(nn.Module):
+    """An `nn.RoPE` computed from shared tables (see the module docstring).  Called
+    as mlx-lm calls a RoPE: `offset` an int (positions offset.. along axis -2) or an
+    array of one offset per batch row (as `mx.fast.rope` takes it)."""
+
+    def __init__(self, rope: nn.RoPE, tables: RopeTables):
+        super().__init__()
+        self.dims, self.traditional, self.base, self.scale = rope.dims, rope.traditional, rope.base, rope.scale
+        self._tables = tables
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        d, n = x.shape[-1], x.shape[-2]
+        t = self._tables
+        if isinstance(offset, mx.array) and offset.ndim == 1:  # one offset per batch row
+            first = np.array(offset, dtype=np.int64)
+            positions = (first[:, None] + np.arange(n)[None]).reshape(-1)
+            c, s = t.tables(("rows", first.tobytes(), n), positions, d)
+            shape = (len(first),) + (1,) * (x.ndim - 3) + (n, d)
+        else:
+            start = int(offset.item()) if isinstance(offset, mx.array) else int(offset)
+            c, s = t.tables(("from", start, n), np.arange(start, start + n), d)
+            shape = (n, d)
+        return x * c.reshape(shape) + _partners(x, self.dims, self.traditional) * s.reshape(shape)
+
+
+def _partners(x: mx.array, dims: int, traditional: bool) -> mx.array:
+    """Each rotated feature's partner, signed: (-x2, x1) per pair; the features after
+    `dims` are multiplied by a sine of 0, so what stands there does not matter."""
+    if traditional:
+        pairs = x[..., :dims].reshape(*x.shape[:-1], dims // 2, 2)
+        out = mx.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(*x.shape[:-1], dims)
+    else:
+        h = dims // 2
+        out = mx.concatenate([-x[..., h:dims], x[..., :h]], axis=-1)
+    return out if dims == x.shape[-1] else mx.concatenate([out, x[..., dims:]], axis=-1)
+
+
+@mx.compile
+def _rms_norm(x: mx.array, weight: mx.array, eps: mx.array) -> mx.array:
+    return weight * (x * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + eps))
+
+
+class LeanRMSNorm(nn.Module):
+    """An `nn.RMSNorm` (float32) as one compiled function."""
+
+    def __init__(self, norm: nn.RMSNorm):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps
+        self._eps = mx.array(norm.eps, dtype=mx.float32)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return _rms_norm(x, self.weight, self._eps)
+
+
+def _replaceable(m) -> str | None:
+    if type(m) is nn.RoPE:
+        return "rope"
+    if type(m) is nn.RMSNorm and m.weight.dtype == mx.float32:
+        return "norm"
+    return None
+
+
+def prepare(model: nn.Module) -> dict[str, int]:
+    """Replace `model`'s plain RoPE and float32 RMSNorm modules (CPU backend only);
+    how many of each."""
+    from .blas_layout import _parent
+
+    counts: dict[str, int] = {}
+    if not wanted():
+        return counts
+    tables: dict[tuple, RopeTables] = {}
+    for path, m in list(model.named_modules()):
+        kind = _replaceable(m)
+        if kind is None or not path:
+            continue
+        if kind == "rope":
+            key = (m.dims, float(m.base), float(m.scale), bool(m.traditional))
+            new = LeanRope(m, tables.setdefault(key, RopeTables(*key)))
+        else:
+            new = LeanRMSNorm(m)
+        parent, name = _parent(model, path)
+        if isinstance(parent, list):
+            parent[int(name)] = new
+        else:
+            setattr(parent, name, new)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def applied(model) -> bool:
+    """Did `prepare` slim `model` (a calibration depends on it)?"""
+    return model is not None and any(isinstance(m, (LeanRope, LeanRMSNorm)) for _, m in model.named_modules())

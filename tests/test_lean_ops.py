@@ -1,0 +1,177 @@
+"""Lean layers (mlxspec/lean_ops.py): RoPE from shared tables and a compiled
+RMSNorm compute what mlx-lm's modules compute (to float32 rounding), score each
+position the same whatever the call holds (what verify passes and trees rely
+on), keep speculative decoding equal to plain decoding, and build fewer MLX
+operations per step."""
+
+import os
+import re
+import subprocess
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlxspec
+import tiny_models
+from mlxspec import lean_ops
+from mlxspec.cache import ModelState
+from mlxspec.lean_ops import LeanRMSNorm, LeanRope, RopeTables
+from mlxspec.tree_attention import TreeBlock
+
+ARCHS = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 16}}
+
+
+def lean_model(arch, seed=3):
+    cfg = tiny_models.config_for(arch, vocab_size=64)
+    cfg.update(ARCHS[arch])
+    model = tiny_models.build(cfg, seed=seed, scale=3.0)
+    counts = lean_ops.prepare(model)
+    assert counts.get("rope") == cfg["num_hidden_layers"] and counts.get("norm", 0) >= 2 * cfg["num_hidden_layers"]
+    return model
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [16, 8])  # all of a 16-feature head, or half of it (the rest passes through)
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_rope_equals_mlx_rope(traditional, dims, scale):
+    rope = nn.RoPE(dims, traditional=traditional, base=10000.0, scale=scale)
+    lean = LeanRope(rope, RopeTables(dims, 10000.0, scale, traditional))
+    x = mx.random.normal((1, 3, 5, 16), key=mx.random.key(1))
+    for offset in (0, 7, 300):
+        np.testing.assert_allclose(np.array(lean(x, offset=offset)), np.array(rope(x, offset=offset)), atol=2e-5)
+    rows = mx.random.normal((4, 3, 2, 16), key=mx.random.key(2))  # one offset per batch row, as trees call it
+    offsets = mx.array([0, 5, 5, 41])
+    np.testing.assert_allclose(np.array(lean(rows, offset=offsets)), np.array(rope(rows, offset=offsets)), atol=2e-5)
+
+
+def test_rms_norm_equals_mlx_rms_norm():
+    norm = nn.RMSNorm(24, eps=1e-5)
+    norm.weight = mx.random.normal((24,), key=mx.random.key(3))
+    lean = LeanRMSNorm(norm)
+    for shape in ((1, 1, 24), (1, 7, 24), (2, 3, 4, 24)):
+        x = 5 * mx.random.normal(shape, key=mx.random.key(4))
+        np.testing.assert_allclose(np.array(lean(x)), np.array(norm(x)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_each_position_scores_the_same_in_any_call(arch):
+    """Bit for bit: a chain forward of n tokens gives the logits n one-token steps
+    give (a verify pass against plain decoding)."""
+    assert _steps_equal_a_chain(lean_model(arch))
+
+
+def _steps_equal_a_chain(model) -> bool:
+    tokens = [3, 9, 27, 17, 51, 40, 2, 8, 33]
+    state = ModelState(model)
+    state.forward(tokens[:4])
+    whole = np.array(state.forward(tokens[4:]))
+    steps = ModelState(model)
+    steps.forward(tokens[:4])
+    one = np.stack([np.array(steps.forward([t])[-1]) for t in tokens[4:]])
+    return np.array_equal(whole, one)
+
+
+def _tree_equals_chains(model, seed):
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, 64, 5).tolist()
+    tokens = rng.integers(0, 64, 8).tolist()
+    parents = [int(rng.integers(-1, i)) for i in range(8)]
+    state = ModelState(model)
+    state.forward(prefix)
+    logits = np.array(TreeBlock(state).forward(tokens, parents))
+    for i in range(8):
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        chain = ModelState(model)
+        ref = np.array(chain.forward(prefix + path[::-1])[-1])
+        if not np.array_equal(logits[i], ref):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_tree_nodes_equal_chain_forwards_bit_for_bit(arch):
+    model = lean_model(arch)
+    assert all(_tree_equals_chains(model, seed) for seed in range(3))
+
+
+def test_stale_tables_are_caught(monkeypatch):
+    """The broken control: tables reused whatever the positions (a memo that ignores
+    its key) fail the same check."""
+    model = lean_model("qwen2")
+    real = RopeTables.tables
+
+    def stale(self, key, positions, d):
+        if self._value is not None and self._value[0].shape[0] == len(positions):
+            return self._value
+        return real(self, key, positions, d)
+
+    assert _steps_equal_a_chain(model)
+    monkeypatch.setattr(RopeTables, "tables", stale)
+    assert not _steps_equal_a_chain(model)
+
+
+def _f16_dir(root, arch, seed=3, noise=None):
+    from mlx.utils import tree_map
+
+    cfg = tiny_models.config_for(arch)
+    model = tiny_models.build(cfg, seed=3, scale=3.0)
+    if noise:
+        model = tiny_models.perturbed(model, cfg, noise=noise, seed=seed)
+    model.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), model.parameters()))
+    return tiny_models.save_model_dir(root, arch, model=model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_loaded_model_is_lean_and_close_to_mlx_lm(tmp_path, monkeypatch, arch):
+    path = _f16_dir(tmp_path / arch, arch)
+    lean = mlxspec.load(path, no_draft=True).target
+    monkeypatch.setenv(lean_ops.ENV, "0")
+    plain = mlxspec.load(path, no_draft=True).target
+    assert lean_ops.applied(lean) and not lean_ops.applied(plain)
+    ids = mx.array([[1, 5, 9, 33, 2, 7, 80, 81, 12, 4]])
+    np.testing.assert_allclose(np.array(lean(ids)), np.array(plain(ids)), rtol=1e-4, atol=1e-3)
+
+
+def test_greedy_speculative_equals_plain_on_a_lean_pair(tmp_path):
+    pair = mlxspec.load(_f16_dir(tmp_path / "t", "qwen2"), _f16_dir(tmp_path / "d", "qwen2", seed=1, noise=0.01))
+    assert lean_ops.applied(pair.target) and lean_ops.applied(pair.draft)
+    for prompt in ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41"):
+        plain = mlxspec.generate(pair, prompt, drafter="none", max_tokens=24, chat_template=False).tokens
+        for tree in (True, False):
+            spec = mlxspec.generate(pair, prompt, max_tokens=24, chat_template=False, tree=tree, num_draft=3)
+            assert spec.tokens == plain and spec.stats.draft_accepted > 0
+
+
+def _operations(model) -> int:
+    state = ModelState(model)
+    state.forward([1, 2, 3, 4])
+    out = model(mx.array([[5]]), cache=state.cache)
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lean-ops-{os.getpid()}.dot")
+    try:
+        mx.export_to_dot(path, out)
+        with open(path) as f:
+            return len(re.findall(r'label ?= ?"[A-Za-z]', f.read()))
+    finally:
+        os.unlink(path)
+
+
+def test_a_step_builds_fewer_operations():
+    cfg = tiny_models.config_for("qwen2", vocab_size=64)
+    before = _operations(tiny_models.build(cfg, seed=3))
+    after = _operations(lean_model("qwen2"))
+    assert after < 0.75 * before, (before, after)
+
+
+def test_turned_off_by_environment(tmp_path):
+    code = ("import mlxspec; from mlxspec import lean_ops; "
+            f"m = mlxspec.load({str(_f16_dir(tmp_path, 'llama'))!r}, no_draft=True).target; "
+            "print(lean_ops.wanted(), lean_ops.applied(m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, lean_ops.ENV: "0"})
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr[-500:]
