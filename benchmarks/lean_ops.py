@@ -27,10 +27,9 @@ import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec import backend, lean_ops  # noqa: E402
 from mlxspec.api import encode_prompt  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
-from mlxspec.blas_layout import _parent  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, finish, interleave, swap  # noqa: E402
 
 # name: (contender spec, lean)
 CONTENDERS = {"plain mlx-lm modules": ("plain", False), "default mlx-lm modules": ("model:auto", False),
@@ -48,17 +47,8 @@ def copies(model) -> dict:
     lean_ops.prepare(model)
     out = {path: (before[path], m) for path, m in model.named_modules()
            if isinstance(m, (lean_ops.LeanRope, lean_ops.LeanRMSNorm))}
-    use(model, out, False)
+    swap(model, out, False)
     return out
-
-
-def use(model, modules: dict, lean: bool) -> None:
-    for path, pair in modules.items():
-        parent, name = _parent(model, path)
-        if isinstance(parent, list):
-            parent[int(name)] = pair[lean]
-        else:
-            setattr(parent, name, pair[lean])
 
 
 def main() -> int:
@@ -73,8 +63,8 @@ def main() -> int:
 
     def run(name, ids, n):
         c, lean = made[name]
-        use(pair.target, modules["target"], lean)
-        use(pair.draft, modules["draft"], lean)
+        swap(pair.target, modules["target"], lean)
+        swap(pair.draft, modules["draft"], lean)
         return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
 
     summary = interleave(prompts, list(made), run,

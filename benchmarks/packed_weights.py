@@ -29,11 +29,11 @@ import numpy as np  # noqa: E402
 from mlxspec import backend, packed_weights  # noqa: E402
 from mlxspec.api import encode_prompt  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
-from mlxspec.blas_layout import TransposedLinear, _parent  # noqa: E402
+from mlxspec.blas_layout import TransposedLinear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, finish, interleave, swap  # noqa: E402
 
 # name: (contender spec, packed)
 CONTENDERS = {"plain unpacked": ("plain", False), "default unpacked": ("model:auto", False),
@@ -54,15 +54,6 @@ def copies(model) -> dict:
     return out
 
 
-def use(model, layers: dict, packed: bool) -> None:
-    for path, pair in layers.items():
-        parent, name = _parent(model, path)
-        if isinstance(parent, list):
-            parent[int(name)] = pair[packed]
-        else:
-            setattr(parent, name, pair[packed])
-
-
 def main() -> int:
     args = arguments(__doc__, "binary-search,rust-parse,sql-query", 48, "packed-weights.json")
     pair = mlxspec.load()
@@ -77,8 +68,8 @@ def main() -> int:
 
     def run(name, ids, n):
         c, packed = made[name]
-        use(pair.target, layers["target"], packed)
-        use(pair.draft, layers["draft"], packed)
+        swap(pair.target, layers["target"], packed)
+        swap(pair.draft, layers["draft"], packed)
         return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
 
     summary = interleave(prompts, list(made), run,

@@ -50,6 +50,18 @@ def finish(out: dict, path: Path, per_pass: dict | None = None) -> int:
     return 0 if identical else 1
 
 
+def swap(model, modules: dict, which: bool) -> None:
+    """Put module `pair[which]` at each path of `modules` ({path: (module, module)}) in `model`."""
+    from mlxspec.blas_layout import _parent
+
+    for path, pair in modules.items():
+        parent, name = _parent(model, path)
+        if isinstance(parent, list):
+            parent[int(name)] = pair[which]
+        else:
+            setattr(parent, name, pair[which])
+
+
 def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[str], repeats: int,
                max_tokens: int) -> dict:
     """Each prompt: one short warm-up run per contender (and its calibration), then `repeats`
