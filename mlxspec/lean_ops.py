@@ -87,6 +87,9 @@ class LeanRope(nn.Module):
         self._tables = tables
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if x.dtype != mx.float32:  # the tables are float32: other dtypes keep MLX's own RoPE
+            return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
+                                offset=offset)
         d, n = x.shape[-1], x.shape[-2]
         t = self._tables
         if isinstance(offset, mx.array) and offset.ndim == 1:  # one offset per batch row

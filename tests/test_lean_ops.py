@@ -45,6 +45,10 @@ def test_rope_equals_mlx_rope(traditional, dims, scale):
     rows = mx.random.normal((4, 3, 2, 16), key=mx.random.key(2))  # one offset per batch row, as trees call it
     offsets = mx.array([0, 5, 5, 41])
     np.testing.assert_allclose(np.array(lean(rows, offset=offsets)), np.array(rope(rows, offset=offsets)), atol=2e-5)
+    half = x.astype(mx.bfloat16)  # not float32: MLX's own RoPE, in that dtype
+    assert lean(half, offset=7).dtype == mx.bfloat16
+    assert np.array_equal(np.array(lean(half, offset=7).astype(mx.float32)),
+                          np.array(rope(half, offset=7).astype(mx.float32)))
 
 
 def test_rms_norm_equals_mlx_rms_norm():
