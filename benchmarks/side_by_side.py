@@ -52,14 +52,10 @@ def finish(out: dict, path: Path, per_pass: dict | None = None) -> int:
 
 def swap(model, modules: dict, which: bool) -> None:
     """Put module `pair[which]` at each path of `modules` ({path: (module, module)}) in `model`."""
-    from mlxspec.blas_layout import _parent
+    from mlxspec.blas_layout import put_module
 
     for path, pair in modules.items():
-        parent, name = _parent(model, path)
-        if isinstance(parent, list):
-            parent[int(name)] = pair[which]
-        else:
-            setattr(parent, name, pair[which])
+        put_module(model, path, pair[which])
 
 
 def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[str], repeats: int,

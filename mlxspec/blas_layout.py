@@ -62,6 +62,21 @@ def _parent(model: nn.Module, path: str):
     return obj, last
 
 
+def module_at(model: nn.Module, path: str) -> nn.Module:
+    """The module at `path` (a `named_modules` name) of `model`."""
+    parent, name = _parent(model, path)
+    return parent[int(name)] if isinstance(parent, list) else parent[name]
+
+
+def put_module(model: nn.Module, path: str, new: nn.Module) -> None:
+    """Put `new` where `model` calls the module at `path` (its forward is unchanged)."""
+    parent, name = _parent(model, path)
+    if isinstance(parent, list):
+        parent[int(name)] = new
+    else:
+        setattr(parent, name, new)
+
+
 def prepare(model: nn.Module) -> int:
     """Store every float32 `nn.Linear` of `model` transposed (when `wanted()`); the
     number of layers changed.  One layer at a time, so memory never holds more than
@@ -71,13 +86,9 @@ def prepare(model: nn.Module) -> int:
     todo = [path for path, m in model.named_modules()
             if type(m) is nn.Linear and m.weight.dtype == mx.float32]
     for path in todo:
-        parent, name = _parent(model, path)
-        new = TransposedLinear(parent[int(name)] if isinstance(parent, list) else parent[name])
+        new = TransposedLinear(module_at(model, path))
         mx.eval(new.wt)
-        if isinstance(parent, list):
-            parent[int(name)] = new
-        else:
-            setattr(parent, name, new)
+        put_module(model, path, new)
     return len(todo)
 
 

@@ -145,7 +145,7 @@ def _replaceable(m) -> str | None:
 def prepare(model: nn.Module) -> dict[str, int]:
     """Replace `model`'s plain RoPE and float32 RMSNorm modules (CPU backend only);
     how many of each."""
-    from .blas_layout import _parent
+    from .blas_layout import put_module
 
     counts: dict[str, int] = {}
     if not wanted():
@@ -160,11 +160,7 @@ def prepare(model: nn.Module) -> dict[str, int]:
             new = LeanRope(m, tables.setdefault(key, RopeTables(*key)))
         else:
             new = LeanRMSNorm(m)
-        parent, name = _parent(model, path)
-        if isinstance(parent, list):
-            parent[int(name)] = new
-        else:
-            setattr(parent, name, new)
+        put_module(model, path, new)
         counts[kind] = counts.get(kind, 0) + 1
     return counts
 

@@ -242,22 +242,18 @@ def prepare(model: nn.Module, narrow: bool = True) -> dict[str, int]:
     """Pack every float32 `nn.Linear` of `model` (run before blas_layout.prepare,
     which lays out what is left); how many layers went to each format.  One layer
     at a time, so memory never holds more than one extra weight."""
-    from .blas_layout import _parent
+    from .blas_layout import module_at, put_module
 
     counts: dict[str, int] = {}
     if not available():
         return counts
     todo = [path for path, m in model.named_modules() if type(m) is nn.Linear and m.weight.dtype == mx.float32]
     for path in todo:
-        parent, name = _parent(model, path)
-        old = parent[int(name)] if isinstance(parent, list) else parent[name]
+        old = module_at(model, path)
         new = _checked_pack(np.asarray(memoryview(old.weight)), old["bias"] if "bias" in old else None, narrow)
         if new is None:
             break
-        if isinstance(parent, list):
-            parent[int(name)] = new
-        else:
-            setattr(parent, name, new)
+        put_module(model, path, new)
         counts[new.fmt] = counts.get(new.fmt, 0) + 1
     return counts
 

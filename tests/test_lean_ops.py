@@ -20,6 +20,7 @@ from mlxspec import lean_ops
 from mlxspec.cache import ModelState
 from mlxspec.lean_ops import LeanRMSNorm, LeanRope, RopeTables
 from mlxspec.tree_attention import TreeBlock
+from test_tree_attention import path_to
 
 ARCHS = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 16}}
 
@@ -87,12 +88,8 @@ def _tree_equals_chains(model, seed):
     state.forward(prefix)
     logits = np.array(TreeBlock(state).forward(tokens, parents))
     for i in range(8):
-        path, j = [], i
-        while j >= 0:
-            path.append(tokens[j])
-            j = parents[j]
         chain = ModelState(model)
-        ref = np.array(chain.forward(prefix + path[::-1])[-1])
+        ref = np.array(chain.forward(prefix + [tokens[j] for j in path_to(parents, i)])[-1])
         if not np.array_equal(logits[i], ref):
             return False
     return True
@@ -120,20 +117,9 @@ def test_stale_tables_are_caught(monkeypatch):
     assert not _steps_equal_a_chain(model)
 
 
-def _f16_dir(root, arch, seed=3, noise=None):
-    from mlx.utils import tree_map
-
-    cfg = tiny_models.config_for(arch)
-    model = tiny_models.build(cfg, seed=3, scale=3.0)
-    if noise:
-        model = tiny_models.perturbed(model, cfg, noise=noise, seed=seed)
-    model.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), model.parameters()))
-    return tiny_models.save_model_dir(root, arch, model=model)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_loaded_model_is_lean_and_close_to_mlx_lm(tmp_path, monkeypatch, arch):
-    path = _f16_dir(tmp_path / arch, arch)
+    path = tiny_models.f16_model_dir(tmp_path / arch, arch)
     lean = mlxspec.load(path, no_draft=True).target
     monkeypatch.setenv(lean_ops.ENV, "0")
     plain = mlxspec.load(path, no_draft=True).target
@@ -143,7 +129,8 @@ def test_a_loaded_model_is_lean_and_close_to_mlx_lm(tmp_path, monkeypatch, arch)
 
 
 def test_greedy_speculative_equals_plain_on_a_lean_pair(tmp_path):
-    pair = mlxspec.load(_f16_dir(tmp_path / "t", "qwen2"), _f16_dir(tmp_path / "d", "qwen2", seed=1, noise=0.01))
+    pair = mlxspec.load(tiny_models.f16_model_dir(tmp_path / "t", "qwen2"),
+                        tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1))
     assert lean_ops.applied(pair.target) and lean_ops.applied(pair.draft)
     for prompt in ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41"):
         plain = mlxspec.generate(pair, prompt, drafter="none", max_tokens=24, chat_template=False).tokens
@@ -174,7 +161,7 @@ def test_a_step_builds_fewer_operations():
 
 def test_turned_off_by_environment(tmp_path):
     code = ("import mlxspec; from mlxspec import lean_ops; "
-            f"m = mlxspec.load({str(_f16_dir(tmp_path, 'llama'))!r}, no_draft=True).target; "
+            f"m = mlxspec.load({str(tiny_models.f16_model_dir(tmp_path / 'llama', 'llama'))!r}, no_draft=True).target; "
             "print(lean_ops.wanted(), lean_ops.applied(m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, lean_ops.ENV: "0"})

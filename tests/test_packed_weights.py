@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 import mlxspec
 import tiny_models
@@ -123,17 +123,9 @@ def test_take_columns(fmt):
     assert np.array_equal(np.array(sub(x)), np.array(packed(x))[:, ids])
 
 
-def _f16_model_dir(root, arch):
-    """A tiny model folder whose weights are float16 values (as the default pair's)."""
-    cfg = tiny_models.config_for(arch)
-    model = tiny_models.build(cfg, seed=3, scale=3.0)
-    model.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), model.parameters()))
-    return tiny_models.save_model_dir(root / arch, arch, model=model)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_loaded_model_is_packed_and_computes_what_the_unpacked_one_does(tmp_path, monkeypatch, arch):
-    path = _f16_model_dir(tmp_path, arch)
+    path = tiny_models.f16_model_dir(tmp_path / arch, arch)
     packed = mlxspec.load(path, no_draft=True).target
     monkeypatch.setenv(packed_weights.ENV, "0")
     plain = mlxspec.load(path, no_draft=True).target
@@ -146,12 +138,8 @@ def test_a_loaded_model_is_packed_and_computes_what_the_unpacked_one_does(tmp_pa
 
 
 def test_greedy_speculative_equals_plain_on_a_packed_pair(tmp_path):
-    target = _f16_model_dir(tmp_path / "t", "qwen2")
-    cfg = tiny_models.config_for("qwen2")
-    base = tiny_models.build(cfg, seed=3, scale=3.0)
-    draft = tiny_models.perturbed(base, cfg, noise=0.01, seed=1)
-    draft.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), draft.parameters()))
-    draft_dir = tiny_models.save_model_dir(tmp_path / "d", "qwen2", model=draft)
+    target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
+    draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
     pair = mlxspec.load(target, draft_dir)
     assert blas_layout.layout(pair.draft) == "packed f16"
     for prompt in ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41"):
@@ -182,7 +170,7 @@ def test_turned_off_by_environment(tmp_path):
     import sys
 
     code = ("import mlxspec, sys; from mlxspec import packed_weights, blas_layout; "
-            f"m = mlxspec.load({str(_f16_model_dir(tmp_path, 'llama'))!r}, no_draft=True).target; "
+            f"m = mlxspec.load({str(tiny_models.f16_model_dir(tmp_path / 'llama', 'llama'))!r}, no_draft=True).target; "
             "print(packed_weights.available(), blas_layout.layout(m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, packed_weights.ENV: "0"})

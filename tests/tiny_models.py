@@ -202,3 +202,16 @@ def save_chatty_pair(root, context=4096, arch="qwen2"):
         m.lm_head.weight = mx.array(w)
     return (save_model_dir(root / "target", arch, model=target, max_pos=context),
             save_model_dir(root / "draft", arch, model=draft, max_pos=context))
+
+
+def f16_model_dir(path, arch="llama", noise=0.0, seed=1):
+    """A model folder whose weights are float16 values held as float32 (as the default
+    pair's, converted from float16 GGUF files); `noise`: a perturbed copy (a draft)."""
+    from mlx.utils import tree_map
+
+    cfg = config_for(arch)
+    model = build(cfg, seed=3, scale=3.0)
+    if noise:
+        model = perturbed(model, cfg, noise=noise, seed=seed)
+    model.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), model.parameters()))
+    return save_model_dir(path, arch, model=model)
