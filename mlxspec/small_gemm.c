@@ -46,7 +46,8 @@
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins */
 #define NB 64          /* output columns per tile: four 16-float vectors */
-#define MB 4           /* activation rows per register tile */
+#define MB 4           /* activation rows per register tile ... */
+#define MB_ONE_PASS 6  /* ... except for up to this many rows: one tile of them all (24 accumulators) */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
 #define UNPACK_PANEL 256            /* columns of a packed B unpacked at a time for a large product */
@@ -120,16 +121,17 @@ static inline float element(int fmt, const void *B, size_t i)
 /* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB);
  * B's rows are ldb elements apart (N for a plain B, NB inside a packed block). */
 #define TILE(NAME, T, LOAD)                                                                                         \
-    static void NAME(int mb, int k0, int k1, const float *A, int lda, const T *B, size_t ldb, float *acc)          \
+    static inline __attribute__((always_inline)) void NAME##_rows(int mb, int k0, int k1, const float *A, int lda, \
+                                                                  const T *B, size_t ldb, float *acc)              \
     {                                                                                                               \
-        v16 c[MB][4];                                                                                               \
-        for (int m = 0; m < MB; m++)                                                                                \
+        v16 c[MB_ONE_PASS][4];                                                                                      \
+        for (int m = 0; m < MB_ONE_PASS; m++)                                                                       \
             for (int j = 0; j < 4; j++)                                                                             \
                 c[m][j] = m < mb ? load16(acc + m * NB + 16 * j) : (v16){0};                                        \
         for (int k = k0; k < k1; k++) {                                                                             \
             const T *b = B + (size_t)k * ldb;                                                                       \
             v16 b0 = LOAD(b), b1 = LOAD(b + 16), b2 = LOAD(b + 32), b3 = LOAD(b + 48);                              \
-            _Pragma("GCC unroll 4") for (int m = 0; m < MB; m++)                                                    \
+            _Pragma("GCC unroll 6") for (int m = 0; m < MB_ONE_PASS; m++)                                           \
             {                                                                                                       \
                 if (m < mb) {                                                                                       \
                     v16 a = (v16){0} + A[(size_t)m * lda + k];                                                      \
@@ -143,6 +145,17 @@ static inline float element(int fmt, const void *B, size_t i)
         for (int m = 0; m < mb; m++)                                                                                \
             for (int j = 0; j < 4; j++)                                                                             \
                 store16(acc + m * NB + 16 * j, c[m][j]);                                                            \
+    }                                                                                                               \
+    static void NAME(int mb, int k0, int k1, const float *A, int lda, const T *B, size_t ldb, float *acc)          \
+    { /* a copy per row count: each keeps exactly its accumulators in registers */                                  \
+        switch (mb) {                                                                                               \
+        case 1: NAME##_rows(1, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 2: NAME##_rows(2, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 3: NAME##_rows(3, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 4: NAME##_rows(4, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 5: NAME##_rows(5, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        default: NAME##_rows(6, k0, k1, A, lda, B, ldb, acc);                                                       \
+        }                                                                                                           \
     }
 TILE(tile_f32, float, load16)
 TILE(tile_bf16, uint16_t, load16_bf16)
@@ -179,8 +192,9 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            for (int m0 = 0; m0 < M; m0 += MB) {
-                int mb = M - m0 < MB ? M - m0 : MB;
+            int step = M <= MB_ONE_PASS ? M : MB;
+            for (int m0 = 0; m0 < M; m0 += step) {
+                int mb = M - m0 < step ? M - m0 : step;
                 const float *a = A + (size_t)m0 * lda;
                 if (fmt == F32)
                     tile_f32(mb, k0, k1, a, lda, (const float *)B + start, stride, acc + m0 * NB);
