@@ -288,6 +288,7 @@ def cache_key(pair, drafter) -> str | None:
     from .backend import describe
     from .blas_layout import layout
     from .lean_ops import applied
+    from .small_gemm import build_id
 
     target = _model_identity(getattr(pair, "target_path", None))
     if target is None:
@@ -298,7 +299,7 @@ def cache_key(pair, drafter) -> str | None:
         if draft is None:
             return None
     ident = {"format": FORMAT, "backend": describe(), "cpu": _cpu_name(), "cores": os.cpu_count(),
-             "machine": platform.machine(), "target": target, "draft": draft,
+             "machine": platform.machine(), "kernel": build_id(), "target": target, "draft": draft,
              "drafter": getattr(drafter, "cost_key", drafter.name),
              "layout": [layout(getattr(pair, "target", None)),  # blas_layout.py
                         layout(getattr(pair, "draft", None)) if draft else None],

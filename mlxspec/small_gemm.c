@@ -52,6 +52,9 @@
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
 #define UNPACK_PANEL 256            /* columns of a packed B unpacked at a time for a large product */
 
+#define SWIGLU 0x7E5A3C10u      /* alpha bits of an element-wise call: C = silu(A) * C (lean_ops.py) */
+#define SWIGLU_WIDTH 16         /* such a call comes as (rows, 16) products: N = K = lda = ldc = 16 */
+#define SWIGLU_PARALLEL (1 << 16) /* elements below which one thread does it all */
 #define PACKED_F32 0x7E5A3C01u  /* alpha bits of a call on packed B (packed_weights.py) */
 #define PACKED_F16 0x7E5A3C02u
 #define PACKED_BF16 0x7E5A3C03u
@@ -314,11 +317,96 @@ static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, 
     }
 }
 
+/* MLX's CPU exp and sigmoid (mlx/backend/cpu/simd/math.h, unary_ops.h: a Cephes polynomial
+ * for 2^fraction, the exponent by bit shifting), computed 16 lanes at a time with the same
+ * operations in the same order, so that each result is bit for bit MLX's own (lean_ops.py's
+ * tests compare them): MLX 0.32's x86 build computes them one element at a time, ~16 ns each.
+ * No contraction into fused multiply-adds other than MLX's own. */
+#ifdef __AVX512F__
+__attribute__((optimize("fp-contract=off"))) static inline __m512 mlx_exp16(__m512 x0)
+{
+    __m512 x = _mm512_mul_ps(x0, _mm512_set1_ps(1.442695f));
+    __m512 ip = _mm512_roundscale_ps(_mm512_add_ps(x, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 fp = _mm512_sub_ps(x, ip);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, fp, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(ip), _mm512_set1_epi32(127)), 23);
+    __m512 r = _mm512_mul_ps(_mm512_castsi512_ps(e), p);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q), x0);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x0, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(__builtin_inff()));
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x0, _mm512_set1_ps(-88.0f), _CMP_LT_OQ), _mm512_setzero_ps());
+}
+#endif
+
+__attribute__((optimize("fp-contract=off"))) static inline float mlx_exp1(float x0)
+{
+    float x = x0 * 1.442695f;
+    float ip = __builtin_floorf(x + 0.5f);
+    float fp = x - ip;
+    float p = 1.535336188319500e-4f;
+    p = __builtin_fmaf(p, fp, 1.339887440266574e-3f);
+    p = __builtin_fmaf(p, fp, 9.618437357674640e-3f);
+    p = __builtin_fmaf(p, fp, 5.550332471162809e-2f);
+    p = __builtin_fmaf(p, fp, 2.402264791363012e-1f);
+    p = __builtin_fmaf(p, fp, 6.931472028550421e-1f);
+    p = __builtin_fmaf(p, fp, 1.0f);
+    int32_t e = (x0 == x0 && x0 <= 88.0f && x0 >= -88.0f ? (int32_t)ip + 127 : 0) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    float r = x0 != x0 ? x0 : scale * p;
+    r = x0 > 88.0f ? __builtin_inff() : r;
+    return x0 < -88.0f ? 0.0f : r;
+}
+
+/* silu(g) * u = (g * sigmoid(g)) * u, sigmoid(g) = g < 0 ? y : 1 - y with y = 1 / (1 + exp(|g|)) */
+__attribute__((optimize("fp-contract=off"))) static void swiglu_range(long i0, long i1, const float *g, float *c)
+{
+    long i = i0;
+#ifdef __AVX512F__
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= i1; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 y = _mm512_div_ps(one, _mm512_add_ps(one, mlx_exp16(_mm512_abs_ps(x))));
+        __m512 s = _mm512_mask_mov_ps(_mm512_sub_ps(one, y), _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), y);
+        _mm512_storeu_ps(c + i, _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_loadu_ps(c + i)));
+    }
+#endif
+    for (; i < i1; i++) {
+        float x = g[i];
+        float y = 1.0f / (1.0f + mlx_exp1(__builtin_fabsf(x)));
+        c[i] = (x * (x < 0.0f ? y : 1.0f - y)) * c[i];
+    }
+}
+
+static void swiglu(long n, const float *g, float *c)
+{
+    long chunks = (n + 4095) / 4096;
+#pragma omp parallel for schedule(static) if (n >= SWIGLU_PARALLEL)
+    for (long j = 0; j < chunks; j++)
+        swiglu_range(j * 4096, (j + 1) * 4096 < n ? (j + 1) * 4096 : n, g, c);
+}
+
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc)
 {
     uint32_t bits;
     memcpy(&bits, &alpha, sizeof bits);
+    if (bits == SWIGLU) {
+        int ok = order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && N == SWIGLU_WIDTH && K == SWIGLU_WIDTH &&
+                 lda == SWIGLU_WIDTH && ldc == SWIGLU_WIDTH && beta == 1.0f;
+        if (ok)
+            swiglu((long)M * SWIGLU_WIDTH, A, C);
+        else
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */
+        return;
+    }
     if ((bits == PACKED_F32 || bits == PACKED_BF16 || (HAVE_F16 && bits == PACKED_F16)) && order == ROW_MAJOR &&
         trans_a == NO_TRANS && trans_b == NO_TRANS && M >= 1 && N >= 1 && K >= 1) {
         packed_sgemm(bits == PACKED_F32 ? F32 : bits == PACKED_F16 ? F16 : BF16, M, N, K, A, lda, B, beta, C, ldc);
@@ -359,3 +447,5 @@ long mlxspec_gemm_packed_calls(void) { return __atomic_load_n(&packed_calls, __A
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }
 /* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16. */
 int mlxspec_gemm_formats(void) { return 1 | (HAVE_F16 << 1) | 4; }
+/* The element-wise operations this build computes: bit 0 SwiGLU. */
+int mlxspec_gemm_elementwise(void) { return 1; }

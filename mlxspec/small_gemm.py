@@ -88,7 +88,9 @@ def build() -> Path | None:
             r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-ldl"], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
             if r.returncode != 0:
-                _state["why"] = f"the kernel did not compile ({(r.stderr.strip().splitlines() or ['?'])[-1][:120]})"
+                lines = r.stderr.strip().splitlines() or ["?"]
+                first = next((ln for ln in lines if "error" in ln), lines[-1]).strip()
+                _state["why"] = f"the kernel did not compile ({first[:160]})"
                 return None
             os.replace(tmp, out)
             for old in out.parent.glob("small_gemm-*.so"):  # builds of an older source or another compiler
@@ -129,8 +131,14 @@ def preload(blas_path: str) -> bool:
         return False
     lib.mlxspec_gemm_calls.restype = ctypes.c_long
     lib.mlxspec_gemm_packed_calls.restype = ctypes.c_long
-    _state["lib"] = lib
+    _state["lib"], _state["build"] = lib, path.stem
     return True
+
+
+def build_id() -> str | None:
+    """The loaded build (source, compiler and CPU hash; None when not loaded): a
+    calibration measured with one build does not price another."""
+    return _state.get("build") if _state["lib"] is not None else None
 
 
 def loaded() -> bool:
@@ -170,6 +178,12 @@ def formats() -> int:
     """The packed weight formats the kernel reads (bits: 1 float32, 2 float16, 4 bfloat16); 0 when not loaded."""
     lib = _state["lib"]
     return int(lib.mlxspec_gemm_formats()) if lib is not None else 0
+
+
+def elementwise() -> int:
+    """The element-wise operations the kernel computes (bit 1: SwiGLU, lean_ops.py); 0 when not loaded."""
+    lib = _state["lib"]
+    return int(lib.mlxspec_gemm_elementwise()) if lib is not None else 0
 
 
 def max_rows() -> int:
