@@ -49,6 +49,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from . import lean_attention
+
 ENV = "MLXSPEC_LEAN"  # "0": keep mlx-lm's RoPE and RMSNorm modules
 
 
@@ -156,7 +158,7 @@ def _swiglu_mlps() -> tuple:
     return (llama.MLP, qwen2.MLP, qwen3.MLP)
 
 
-_ALPHA = float(np.array([SWIGLU_ALPHA_BITS], dtype=np.uint32).view(np.float32)[0])
+_ALPHA = lean_attention.alpha(SWIGLU_ALPHA_BITS)
 _UNUSED_B = mx.zeros((SWIGLU_WIDTH, SWIGLU_WIDTH), dtype=mx.float32)  # the product's B: never read
 
 
@@ -226,6 +228,8 @@ def prepare(model: nn.Module) -> dict[str, int]:
     counts: dict[str, int] = {}
     if not wanted():
         return counts
+    if lean_attention.install(model):
+        counts["attention"] = 1
     tables: dict[tuple, RopeTables] = {}
     for path, m in list(model.named_modules()):
         kind = _replaceable(m)
@@ -251,4 +255,5 @@ def applied(model) -> str:
     calibration depends on it."""
     if model is None:
         return ""
-    return "+".join(sorted({_KINDS[type(m)] for _, m in model.named_modules() if type(m) in _KINDS}))
+    kinds = {_KINDS[type(m)] for _, m in model.named_modules() if type(m) in _KINDS}
+    return "+".join(sorted(kinds | ({"attention"} if kinds and lean_attention.applies_to(model) else set())))

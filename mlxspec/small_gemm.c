@@ -46,8 +46,7 @@
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins */
 #define NB 64          /* output columns per tile: four 16-float vectors */
-#define MB 4           /* activation rows per register tile ... */
-#define MB_ONE_PASS 6  /* ... except for up to this many rows: one tile of them all (24 accumulators) */
+#define MB_ONE_PASS 6  /* most activation rows per register tile (24 accumulators); more rows: even passes */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
 #define UNPACK_PANEL 256            /* columns of a packed B unpacked at a time for a large product */
@@ -55,6 +54,8 @@
 #define SWIGLU 0x7E5A3C10u      /* alpha bits of an element-wise call: C = silu(A) * C (lean_ops.py) */
 #define SWIGLU_WIDTH 16         /* such a call comes as (rows, 16) products: N = K = lda = ldc = 16 */
 #define SWIGLU_PARALLEL (1 << 16) /* elements below which one thread does it all */
+#define SOFTMAX 0x7E5A3C11u     /* alpha bits of a row-wise call: each row of C becomes its softmax (lean_ops.py) */
+#define SOFTMAX_PARALLEL (1 << 15) /* elements below which one thread does all rows */
 #define PACKED_F32 0x7E5A3C01u  /* alpha bits of a call on packed B (packed_weights.py) */
 #define PACKED_F16 0x7E5A3C02u
 #define PACKED_BF16 0x7E5A3C03u
@@ -121,7 +122,7 @@ static inline float element(int fmt, const void *B, size_t i)
 #endif
 }
 
-/* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB);
+/* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB_ONE_PASS);
  * B's rows are ldb elements apart (N for a plain B, NB inside a packed block). */
 #define TILE(NAME, T, LOAD)                                                                                         \
     static inline __attribute__((always_inline)) void NAME##_rows(int mb, int k0, int k1, const float *A, int lda, \
@@ -195,7 +196,7 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            int step = M <= MB_ONE_PASS ? M : MB;
+            int passes = (M + MB_ONE_PASS - 1) / MB_ONE_PASS, step = (M + passes - 1) / passes; /* 9: 5 + 4 */
             for (int m0 = 0; m0 < M; m0 += step) {
                 int mb = M - m0 < step ? M - m0 : step;
                 const float *a = A + (size_t)m0 * lda;
@@ -391,11 +392,66 @@ static void swiglu(long n, const float *g, float *c)
         swiglu_range(j * 4096, (j + 1) * 4096 < n ? (j + 1) * 4096 : n, g, c);
 }
 
+/* softmax of one row, in place: max, exp(x - max) (MLX's exp), their sum (16 lanes, then the lanes
+ * and the tail in a fixed order), times 1 / sum.  Each row alone: a row's result does not depend
+ * on the other rows of the call. */
+__attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, int n)
+{
+    int i = 0;
+    float top = -__builtin_inff(), sum = 0.0f;
+#ifdef __AVX512F__
+    if (n >= 16) {
+        __m512 t = _mm512_loadu_ps(x);
+        for (i = 16; i + 16 <= n; i += 16)
+            t = _mm512_max_ps(t, _mm512_loadu_ps(x + i));
+        top = _mm512_reduce_max_ps(t);
+    }
+#endif
+    for (; i < n; i++)
+        top = x[i] > top ? x[i] : top;
+    i = 0;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps(), m = _mm512_set1_ps(top);
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = mlx_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, acc);
+    for (int j = 0; j < 16; j++)
+        sum += lanes[j];
+#endif
+    for (; i < n; i++) {
+        x[i] = mlx_exp1(x[i] - top);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+static void softmax_rows(int M, int N, float *C, int ldc)
+{
+#pragma omp parallel for schedule(static) if ((long)M * N >= SOFTMAX_PARALLEL)
+    for (int m = 0; m < M; m++)
+        softmax_row(C + (size_t)m * ldc, N);
+}
+
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc)
 {
     uint32_t bits;
     memcpy(&bits, &alpha, sizeof bits);
+    if (bits == SOFTMAX) { /* addmm(scores, zeros (M, 1), zeros (1, N)): C holds the scores */
+        if (order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && N >= 1 && K == 1 && ldc == N && beta == 1.0f)
+            softmax_rows(M, N, C, ldc);
+        else
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    C[(size_t)m * ldc + n] = __builtin_nanf("");
+        return;
+    }
     if (bits == SWIGLU) {
         int ok = order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && N == SWIGLU_WIDTH && K == SWIGLU_WIDTH &&
                  lda == SWIGLU_WIDTH && ldc == SWIGLU_WIDTH && beta == 1.0f;
@@ -447,5 +503,5 @@ long mlxspec_gemm_packed_calls(void) { return __atomic_load_n(&packed_calls, __A
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }
 /* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16. */
 int mlxspec_gemm_formats(void) { return 1 | (HAVE_F16 << 1) | 4; }
-/* The element-wise operations this build computes: bit 0 SwiGLU. */
-int mlxspec_gemm_elementwise(void) { return 1; }
+/* The element-wise operations this build computes: bit 0 SwiGLU, bit 1 row softmax. */
+int mlxspec_gemm_elementwise(void) { return 1 | 2; }

@@ -1,0 +1,129 @@
+"""Attention with its softmax in the small-batch kernel, on the CPU backend.
+
+MLX 0.32's x86 build computes exp one element at a time (~16 ns each), and the
+softmax of attention takes one exp per score: with the default target, 1-4 ms
+of a plain step and 9-40 ms of a 5-9 position verify pass over 300-1000 cached
+tokens.  `lean_attention` computes what mlx-lm's `scaled_dot_product_attention`
+computes, in the steps MLX's CPU fallback takes -- scores by matmul (one product
+of the block's rows per query head, so the small-batch kernel scores each
+position as a plain step would), the mask, a softmax, a matmul by the values --
+with the softmax in small_gemm.c: one row at a time (max, MLX's exp, a sum in a
+fixed order), so a row's result does not depend on the other rows of the call.
+It differs from MLX's softmax by float32 rounding (`softmax_works` checks it
+once per process; without the kernel nothing changes).
+
+MLX has no custom CPU operations, so the softmax reaches the kernel as an addmm
+marked by its alpha (as packed weights do), and mlx-lm's model modules call
+their module-level `scaled_dot_product_attention`: `install` points the
+registered modules (`attention_modules`) at `lean_attention`, process-wide, on
+the CPU backend only; `lean_attention` passes anything it does not take
+(attention sinks, quantized caches, other dtypes, or `set_attention(False)`) to
+mlx-lm's own.  MLXSPEC_LEAN=0 turns it off with the other lean layers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+
+def alpha(bits: int) -> float:
+    """The float32 whose bit pattern is `bits` (an alpha that marks a kernel call)."""
+    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+
+
+SOFTMAX_ALPHA_BITS = 0x7E5A3C11  # small_gemm.c's SOFTMAX: each row of C becomes its softmax
+_SOFTMAX_ALPHA = alpha(SOFTMAX_ALPHA_BITS)
+_attention = {"on": True, "checked": None}
+
+
+def kernel_softmax(scores: mx.array) -> mx.array:
+    """Softmax over the last axis (float32) by the kernel: an addmm marked by its alpha
+    (small_gemm.c's SOFTMAX) whose C holds the scores, one row at a time."""
+    n = scores.shape[-1]
+    rows = scores.size // n
+    out = mx.addmm(scores.reshape(rows, n), mx.zeros((rows, 1), dtype=mx.float32),
+                   mx.zeros((1, n), dtype=mx.float32), alpha=_SOFTMAX_ALPHA, beta=1.0)
+    return out.reshape(scores.shape)
+
+
+def softmax_works() -> bool:
+    """Does the loaded kernel compute a softmax here (to float32 rounding; once per process)?"""
+    if _attention["checked"] is None:
+        from . import small_gemm
+
+        ok = False
+        if small_gemm.elementwise() & 2:
+            rng = np.random.default_rng(0)
+            x = (rng.standard_normal((3, 5, 37)) * [[[0.1]], [[5.0]], [[60.0]]]).astype(np.float32)
+            x[1, :, 30:] = np.finfo(np.float32).min  # masked, as mlx-lm masks
+            got, want = np.array(kernel_softmax(mx.array(x))), np.array(mx.softmax(mx.array(x), axis=-1, precise=True))
+            ok = bool(np.allclose(got, want, rtol=1e-5, atol=1e-7))
+        _attention["checked"] = ok
+    return _attention["checked"]
+
+
+def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """mlx-lm's `scaled_dot_product_attention`, as MLX's CPU backend computes it
+    (scores by matmul, the mask, a softmax, a matmul by the values), with the softmax
+    in the kernel: float32 only, and only while `set_attention` has it on; otherwise
+    (sinks, a quantized cache, other dtypes) mlx-lm's own."""
+    from mlx_lm.models import base
+
+    if not _attention["on"] or sinks is not None or hasattr(cache, "bits") or \
+            queries.dtype != mx.float32 or keys.dtype != mx.float32 or values.dtype != mx.float32:
+        return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                                                 sinks=sinks)
+    B, n_q, L, _ = queries.shape
+    n_kv = keys.shape[-3]
+    rep = n_q // n_kv
+    q = queries * scale
+    if rep > 1:  # the query heads sharing a key head: one product of L rows each, as MLX's fallback makes
+        q = q.reshape(B, n_kv, rep, L, q.shape[-1])
+        keys, values = mx.expand_dims(keys, -3), mx.expand_dims(values, -3)
+    scores = q @ mx.swapaxes(keys, -1, -2)
+    if mask is not None:
+        if isinstance(mask, str):  # "causal"
+            q_len, k_len = scores.shape[-2:]
+            mask = mx.arange(k_len - q_len, k_len)[:, None] >= mx.arange(k_len)[None]
+        if rep > 1 and mask.ndim > 3:
+            mask = mx.expand_dims(mask, -3)
+        scores = mx.where(mask, scores, mx.finfo(mx.float32).min) if mask.dtype == mx.bool_ else scores + mask
+    out = kernel_softmax(scores) @ values
+    return out.reshape(B, n_q, L, out.shape[-1]) if rep > 1 else out
+
+
+def attention_modules() -> tuple:
+    """mlx-lm model modules whose attention calls their module's `scaled_dot_product_attention`
+    (imported from models.base); tests/test_lean_ops.py checks each model type."""
+    from mlx_lm.models import llama, qwen2, qwen3
+
+    return (llama, qwen2, qwen3)
+
+
+def applies_to(model) -> bool:
+    mod = sys.modules.get(type(model).__module__)
+    return _attention["on"] and mod is not None and getattr(mod, "scaled_dot_product_attention", None) is \
+        lean_attention
+
+
+def set_attention(on: bool) -> bool:
+    """Lean attention on or off in this process (benchmarks compare both); the old setting."""
+    old, _attention["on"] = _attention["on"], bool(on)
+    return old
+
+
+def install(model) -> bool:
+    """When `model`'s type is registered: point the registered model modules' attention
+    at `lean_attention` (process-wide: every model of those types on this backend);
+    False when it is not or the kernel cannot."""
+    from mlx_lm.models import base
+
+    if sys.modules.get(type(model).__module__) not in attention_modules() or not softmax_works():
+        return False
+    for mod in attention_modules():
+        if mod.scaled_dot_product_attention is base.scaled_dot_product_attention:
+            mod.scaled_dot_product_attention = lean_attention
+    return True
