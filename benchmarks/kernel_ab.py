@@ -43,7 +43,7 @@ def build(source: str, out: Path) -> ctypes.CDLL:
     cc = small_gemm._compiler()
     if cc is None:
         raise SystemExit("no C compiler (cc)")
-    subprocess.run([cc, *small_gemm.FLAGS, str(src), "-o", str(out), "-ldl"], check=True)
+    subprocess.run([cc, *small_gemm.FLAGS, str(src), "-o", str(out), "-ldl", "-lm"], check=True)
     lib = ctypes.CDLL(str(out), mode=ctypes.RTLD_LOCAL)
     f = lib.cblas_sgemm
     f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,

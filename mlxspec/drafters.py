@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from . import kernel_ops
 from .cache import ModelState, common_prefix
 from .draft_length import Round
 from .errors import MlxspecError
@@ -92,7 +93,7 @@ class ModelDrafter(Drafter):
         """(log q over the full vocabulary or None, token, log q(token)) for one step."""
         sub = self.subset
         if sub is not None and params.greedy and not params.uses_context:
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # over the subset only
+            lp = kernel_ops.normalise(logits)  # over the subset only
             j = mx.argmax(lp, axis=-1)
             return None, sub.ids[j], mx.take_along_axis(lp, j[:, None], axis=-1)[:, 0]
         if sub is not None:

@@ -8,12 +8,11 @@ computes, in the steps MLX's CPU fallback takes -- scores by matmul (one product
 of the block's rows per query head, so the small-batch kernel scores each
 position as a plain step would), the mask, a softmax, a matmul by the values --
 with the softmax in small_gemm.c: one row at a time (max, MLX's exp, a sum in a
-fixed order), so a row's result does not depend on the other rows of the call.
-It differs from MLX's softmax by float32 rounding (`softmax_works` checks it
+fixed order; kernel_ops.py), so a row's result does not depend on the other
+rows of the call.  It differs from MLX's softmax by float32 rounding (checked
 once per process; without the kernel nothing changes).
 
-MLX has no custom CPU operations, so the softmax reaches the kernel as an addmm
-marked by its alpha (as packed weights do), and mlx-lm's model modules call
+mlx-lm's model modules call
 their module-level `scaled_dot_product_attention`: `install` points the
 registered modules (`attention_modules`) at `lean_attention`, process-wide, on
 the CPU backend only; `lean_attention` passes anything it does not take
@@ -26,43 +25,11 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
-import numpy as np
+
+from . import kernel_ops
 
 
-def alpha(bits: int) -> float:
-    """The float32 whose bit pattern is `bits` (an alpha that marks a kernel call)."""
-    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
-
-
-SOFTMAX_ALPHA_BITS = 0x7E5A3C11  # small_gemm.c's SOFTMAX: each row of C becomes its softmax
-_SOFTMAX_ALPHA = alpha(SOFTMAX_ALPHA_BITS)
-_attention = {"on": True, "checked": None}
-
-
-def kernel_softmax(scores: mx.array) -> mx.array:
-    """Softmax over the last axis (float32) by the kernel: an addmm marked by its alpha
-    (small_gemm.c's SOFTMAX) whose C holds the scores, one row at a time."""
-    n = scores.shape[-1]
-    rows = scores.size // n
-    out = mx.addmm(scores.reshape(rows, n), mx.zeros((rows, 1), dtype=mx.float32),
-                   mx.zeros((1, n), dtype=mx.float32), alpha=_SOFTMAX_ALPHA, beta=1.0)
-    return out.reshape(scores.shape)
-
-
-def softmax_works() -> bool:
-    """Does the loaded kernel compute a softmax here (to float32 rounding; once per process)?"""
-    if _attention["checked"] is None:
-        from . import small_gemm
-
-        ok = False
-        if small_gemm.elementwise() & 2:
-            rng = np.random.default_rng(0)
-            x = (rng.standard_normal((3, 5, 37)) * [[[0.1]], [[5.0]], [[60.0]]]).astype(np.float32)
-            x[1, :, 30:] = np.finfo(np.float32).min  # masked, as mlx-lm masks
-            got, want = np.array(kernel_softmax(mx.array(x))), np.array(mx.softmax(mx.array(x), axis=-1, precise=True))
-            ok = bool(np.allclose(got, want, rtol=1e-5, atol=1e-7))
-        _attention["checked"] = ok
-    return _attention["checked"]
+_attention = {"on": True}
 
 
 def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
@@ -91,7 +58,7 @@ def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if rep > 1 and mask.ndim > 3:
             mask = mx.expand_dims(mask, -3)
         scores = mx.where(mask, scores, mx.finfo(mx.float32).min) if mask.dtype == mx.bool_ else scores + mask
-    out = kernel_softmax(scores) @ values
+    out = kernel_ops.softmax(scores) @ values
     return out.reshape(B, n_q, L, out.shape[-1]) if rep > 1 else out
 
 
@@ -121,7 +88,7 @@ def install(model) -> bool:
     False when it is not or the kernel cannot."""
     from mlx_lm.models import base
 
-    if sys.modules.get(type(model).__module__) not in attention_modules() or not softmax_works():
+    if sys.modules.get(type(model).__module__) not in attention_modules() or not kernel_ops.usable("softmax"):
         return False
     for mod in attention_modules():
         if mod.scaled_dot_product_attention is base.scaled_dot_product_attention:

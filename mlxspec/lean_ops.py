@@ -28,10 +28,8 @@ over 1 / 5 / 9 positions 1.08x / 1.00x / 1.05x faster, a target pass 1.06x /
   time (~16 ns each: 4 ms of a 90 ms target step, 20 ms of a 5-position verify
   pass), so the activation runs in small_gemm.c instead, 16 lanes at a time
   with MLX's own algorithm and operation order -- bit for bit mlx-lm's result
-  (`swiglu_works` checks it once per process; no MLP is replaced when it does
-  not hold or the kernel is not loaded).  MLX has no custom CPU operations, so
-  the call reaches the kernel as an addmm marked by its alpha, as packed
-  weights do.
+  (kernel_ops.py checks it once per process; no MLP is replaced when it does
+  not hold or the kernel is not loaded).
 
 The model's own forward runs: these modules are called where it calls its RoPE
 and norms; no architecture is re-implemented.  The results differ from MLX's
@@ -49,7 +47,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import lean_attention
+from . import kernel_ops, lean_attention
 
 ENV = "MLXSPEC_LEAN"  # "0": keep mlx-lm's RoPE and RMSNorm modules
 
@@ -146,51 +144,12 @@ class LeanRMSNorm(nn.Module):
         return _rms_norm(x, self.weight, self._eps)
 
 
-SWIGLU_ALPHA_BITS = 0x7E5A3C10  # small_gemm.c's SWIGLU: an element-wise call, C = silu(A) * C
-SWIGLU_WIDTH = 16  # small_gemm.c's SWIGLU_WIDTH: the call comes as a (rows, 16) product
-
-
 def _swiglu_mlps() -> tuple:
     """MLP classes whose forward is exactly `down_proj(swiglu(gate_proj(x), up_proj(x)))`
     (tests/test_lean_ops.py checks each against its own forward, bit for bit)."""
     from mlx_lm.models import llama, qwen2, qwen3
 
     return (llama.MLP, qwen2.MLP, qwen3.MLP)
-
-
-_ALPHA = lean_attention.alpha(SWIGLU_ALPHA_BITS)
-_UNUSED_B = mx.zeros((SWIGLU_WIDTH, SWIGLU_WIDTH), dtype=mx.float32)  # the product's B: never read
-
-
-def kernel_swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    """silu(gate) * up, bit for bit as mlx-lm's `swiglu` computes it, by the small-batch
-    kernel: an addmm marked by its alpha (small_gemm.c's SWIGLU), whose C holds `up`.
-    float32, same shapes, the last axis a multiple of SWIGLU_WIDTH."""
-    rows = gate.size // SWIGLU_WIDTH
-    out = mx.addmm(up.reshape(rows, SWIGLU_WIDTH), gate.reshape(rows, SWIGLU_WIDTH), _UNUSED_B,
-                   alpha=_ALPHA, beta=1.0)
-    return out.reshape(gate.shape)
-
-
-_swiglu_checked: dict[str, bool] = {}
-
-
-def swiglu_works() -> bool:
-    """Does the loaded kernel compute SwiGLU here, bit for bit as mlx-lm does (once per process)?"""
-    if "ok" not in _swiglu_checked:
-        from mlx_lm.models.activations import swiglu
-
-        from . import small_gemm
-
-        ok = False
-        if small_gemm.elementwise() & 1:
-            rng = np.random.default_rng(0)
-            g = np.concatenate([rng.standard_normal(4 * 96) * s for s in (0.1, 3.0, 40.0)]).astype(np.float32)
-            g[:8] = [0.0, -0.0, 88.0, -88.0, 89.0, -89.0, 1e-30, -1e-30]
-            g, u = mx.array(g.reshape(3, 4, 96)), mx.array(rng.standard_normal((3, 4, 96)).astype(np.float32))
-            ok = bool(np.array_equal(np.array(kernel_swiglu(g, u)), np.array(swiglu(g, u))))
-        _swiglu_checked["ok"] = ok
-    return _swiglu_checked["ok"]
 
 
 class LeanMLP(nn.Module):
@@ -203,8 +162,9 @@ class LeanMLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if gate.dtype == up.dtype == mx.float32 and gate.shape == up.shape and gate.shape[-1] % SWIGLU_WIDTH == 0:
-            return self.down_proj(kernel_swiglu(gate, up))
+        if gate.dtype == up.dtype == mx.float32 and gate.shape == up.shape and \
+                gate.shape[-1] % kernel_ops.SWIGLU_WIDTH == 0:
+            return self.down_proj(kernel_ops.swiglu(gate, up))
         from mlx_lm.models.activations import swiglu
 
         return self.down_proj(swiglu(gate, up))
@@ -215,7 +175,7 @@ def _replaceable(m) -> str | None:
         return "rope"
     if type(m) is nn.RMSNorm and m.weight.dtype == mx.float32:
         return "norm"
-    if type(m) in _swiglu_mlps() and swiglu_works():
+    if type(m) in _swiglu_mlps() and kernel_ops.usable("swiglu"):
         return "mlp"
     return None
 

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 
+from . import kernel_ops
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -85,7 +87,7 @@ def _min_p(lp: mx.array, min_p: float) -> mx.array:
 
 
 def _normalise(lp: mx.array) -> mx.array:
-    return lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    return kernel_ops.normalise(lp)  # lp - logsumexp(lp); on the CPU backend in the kernel
 
 
 def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> mx.array:

@@ -33,6 +33,7 @@
  * would.
  */
 #include <dlfcn.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,7 +55,8 @@
 #define SWIGLU 0x7E5A3C10u      /* alpha bits of an element-wise call: C = silu(A) * C (lean_ops.py) */
 #define SWIGLU_WIDTH 16         /* such a call comes as (rows, 16) products: N = K = lda = ldc = 16 */
 #define SWIGLU_PARALLEL (1 << 16) /* elements below which one thread does it all */
-#define SOFTMAX 0x7E5A3C11u     /* alpha bits of a row-wise call: each row of C becomes its softmax (lean_ops.py) */
+#define SOFTMAX 0x7E5A3C11u     /* alpha bits of a row-wise call: each row of C becomes its softmax (kernel_ops.py) */
+#define LOG_SOFTMAX 0x7E5A3C12u /* ... its log-softmax: x - (max + log(sum of exp(x - max))) */
 #define SOFTMAX_PARALLEL (1 << 15) /* elements below which one thread does all rows */
 #define PACKED_F32 0x7E5A3C01u  /* alpha bits of a call on packed B (packed_weights.py) */
 #define PACKED_F16 0x7E5A3C02u
@@ -393,9 +395,9 @@ static void swiglu(long n, const float *g, float *c)
 }
 
 /* softmax of one row, in place: max, exp(x - max) (MLX's exp), their sum (16 lanes, then the lanes
- * and the tail in a fixed order), times 1 / sum.  Each row alone: a row's result does not depend
- * on the other rows of the call. */
-__attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, int n)
+ * and the tail in a fixed order), times 1 / sum; or (log_space) the log-softmax, x - (max + log(sum)).
+ * Each row alone: a row's result does not depend on the other rows of the call. */
+__attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, int n, int log_space)
 {
     int i = 0;
     float top = -__builtin_inff(), sum = 0.0f;
@@ -414,7 +416,8 @@ __attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, i
     __m512 acc = _mm512_setzero_ps(), m = _mm512_set1_ps(top);
     for (; i + 16 <= n; i += 16) {
         __m512 e = mlx_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
-        _mm512_storeu_ps(x + i, e);
+        if (!log_space)
+            _mm512_storeu_ps(x + i, e);
         acc = _mm512_add_ps(acc, e);
     }
     float lanes[16];
@@ -423,19 +426,27 @@ __attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, i
         sum += lanes[j];
 #endif
     for (; i < n; i++) {
-        x[i] = mlx_exp1(x[i] - top);
-        sum += x[i];
+        float e = mlx_exp1(x[i] - top);
+        if (!log_space)
+            x[i] = e;
+        sum += e;
+    }
+    if (log_space) {
+        float lse = top + logf(sum);
+        for (i = 0; i < n; i++)
+            x[i] -= lse;
+        return;
     }
     float inv = 1.0f / sum;
     for (i = 0; i < n; i++)
         x[i] *= inv;
 }
 
-static void softmax_rows(int M, int N, float *C, int ldc)
+static void softmax_rows(int M, int N, float *C, int ldc, int log_space)
 {
 #pragma omp parallel for schedule(static) if ((long)M * N >= SOFTMAX_PARALLEL)
     for (int m = 0; m < M; m++)
-        softmax_row(C + (size_t)m * ldc, N);
+        softmax_row(C + (size_t)m * ldc, N, log_space);
 }
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -443,9 +454,9 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
 {
     uint32_t bits;
     memcpy(&bits, &alpha, sizeof bits);
-    if (bits == SOFTMAX) { /* addmm(scores, zeros (M, 1), zeros (1, N)): C holds the scores */
+    if (bits == SOFTMAX || bits == LOG_SOFTMAX) { /* addmm(x, zeros (M, 1), zeros (1, N)): C holds x */
         if (order == ROW_MAJOR && trans_a == NO_TRANS && M >= 1 && N >= 1 && K == 1 && ldc == N && beta == 1.0f)
-            softmax_rows(M, N, C, ldc);
+            softmax_rows(M, N, C, ldc, bits == LOG_SOFTMAX);
         else
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++)
@@ -503,5 +514,5 @@ long mlxspec_gemm_packed_calls(void) { return __atomic_load_n(&packed_calls, __A
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }
 /* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16. */
 int mlxspec_gemm_formats(void) { return 1 | (HAVE_F16 << 1) | 4; }
-/* The element-wise operations this build computes: bit 0 SwiGLU, bit 1 row softmax. */
-int mlxspec_gemm_elementwise(void) { return 1 | 2; }
+/* The element-wise operations this build computes: bit 0 SwiGLU, bit 1 row softmax, bit 2 row log-softmax. */
+int mlxspec_gemm_elementwise(void) { return 1 | 2 | 4; }

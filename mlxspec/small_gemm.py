@@ -85,7 +85,7 @@ def build() -> Path | None:
         tempfiles.remove_stale(out.parent)
         tmp = tempfiles.temp_name(out.parent, out.stem)
         try:
-            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-ldl"], capture_output=True, text=True,
+            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-ldl", "-lm"], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
             if r.returncode != 0:
                 lines = r.stderr.strip().splitlines() or ["?"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from . import kernel_ops
 from .errors import MlxspecError
 from .sampling import SamplingParams, process_logits
 from .tree import DraftTree
@@ -65,7 +66,7 @@ class TreeDraft:
         d, params = self.drafter, self.params
         sub = d.subset
         if params.greedy and not params.uses_context:
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            lp = kernel_ops.normalise(logits)
             top = mx.argpartition(-lp, MAX_BRANCH - 1, axis=-1)[:, :MAX_BRANCH] if lp.shape[-1] > MAX_BRANCH \
                 else mx.broadcast_to(mx.arange(lp.shape[-1])[None], lp.shape)
             probs = mx.exp(mx.take_along_axis(lp, top, axis=-1))
