@@ -38,7 +38,7 @@ def wide(max_k=8):
 def test_tree_greedy_equals_plain(kind, arch, prompt, which, max_k):
     target, drafter, prompt = ge.setup(kind, arch, which, prompt)
     expected = ge.plain(target, prompt)
-    dec = SpeculativeDecoder(target, drafter, wide(max_k))
+    dec = SpeculativeDecoder(target, drafter, wide(max_k), tree=True)
     assert dec.trees, dec.tree_note
     h = list(prompt)
     got = [t for t, _ in dec.generate(h, max_tokens=ge.MAX_TOKENS)]
@@ -55,7 +55,7 @@ def test_trees_branch_and_siblings_get_taken():
         for draft in drafts:
             stats = GenerationStats()
             prompt = [7, 19, 200, 31, 31, 5]
-            got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide()).generate(
+            got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide(), tree=True).generate(
                 list(prompt), max_tokens=ge.MAX_TOKENS, stats=stats)]
             assert got == ge.plain(target, prompt)
             taken += stats.tree_siblings_taken
@@ -76,7 +76,7 @@ def test_lookup_branches_join_the_tree(arch):
     for prompt in ([7, 19, 200, 31], [40, 41, 42, 43, 44]):
         prompt = drafter_models.grounded_prompt(target, prompt)
         stats = GenerationStats()
-        dec = SpeculativeDecoder(target, ModelDrafter(draft), wide())
+        dec = SpeculativeDecoder(target, ModelDrafter(draft), wide(), tree=True)
         got = [t for t, _ in dec.generate(list(prompt), max_tokens=ge.MAX_TOKENS, stats=stats)]
         ge.assert_same_or_near_tie(target, prompt, ge.plain(target, prompt), got)
         taken += stats.tree_lookup_taken
@@ -85,7 +85,7 @@ def test_lookup_branches_join_the_tree(arch):
 
 def test_caches_hold_exactly_the_kept_tokens():
     target, drafts = ge.models("qwen2")
-    dec = SpeculativeDecoder(target, ModelDrafter(drafts[1]), wide())
+    dec = SpeculativeDecoder(target, ModelDrafter(drafts[1]), wide(), tree=True)
     rng = np.random.default_rng(0)
     for _ in range(4):
         h = rng.integers(5, 299, int(rng.integers(1, 12))).tolist()

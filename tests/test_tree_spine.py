@@ -83,7 +83,7 @@ def test_lookup_continues_under_the_best_node_of_a_level(monkeypatch):
     monkeypatch.setattr(tree_drafter.TreeDraft, "commit", lambda self, path: (trees.append(self.tree), commit(self, path))[1])
     for start in ([7, 19, 200, 31], [40, 41, 42, 43, 44], [5, 9, 100], [11, 250, 3, 77, 8]):
         prompt = drafter_models.grounded_prompt(target, start, n=20)
-        got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide(8)).generate(list(prompt),
+        got = [t for t, _ in SpeculativeDecoder(target, ModelDrafter(draft), wide(8), tree=True).generate(list(prompt),
                                                                                               max_tokens=20)]
         ge.assert_same_or_near_tie(target, prompt, [t for t, _ in SpeculativeDecoder(target).generate(
             list(prompt), max_tokens=20)], got)
@@ -103,7 +103,7 @@ def test_spine_trees_greedy_equal_plain(arch, prompt, noise, max_k):
     target = drafter_models.lookup_target(arch)
     draft = tiny_models.perturbed(target, tiny_models.config_for(arch), noise=noise, seed=3)
     prompt = drafter_models.grounded_prompt(target, prompt)
-    dec = SpeculativeDecoder(target, ModelDrafter(draft), wide(max_k))
+    dec = SpeculativeDecoder(target, ModelDrafter(draft), wide(max_k), tree=True)
     h = list(prompt)
     got = [t for t, _ in dec.generate(h, max_tokens=ge.MAX_TOKENS)]
     ge.assert_same_or_near_tie(target, prompt, ge.plain(target, prompt), got)
