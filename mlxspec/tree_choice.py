@@ -4,10 +4,12 @@ The tree budget (tree_budget.py) sizes a tree from the calibrated cost model
 and the acceptance observed per draft confidence; where those estimates are off
 for a text (a sibling rarely taken, a chain that would have gone deeper), a
 round of chains gives more tokens per second than a tree.  So with trees on by
-default, a generation measures both: its first rounds alternate tree, chain,
-tree, ...; afterwards each round takes the kind with the higher recent rate
+default, a generation measures both: its first round verifies a tree, its
+second a chain; afterwards each round takes the kind with the higher recent rate
 (tokens emitted per second of drafting and verifying, older rounds decaying),
-and one round in REVISIT_EVERY tries the other kind again, so that a change in
+and after REVISIT_EVERY rounds (times the squared ratio of the two rates: a kind
+far behind is revisited rarely) the other kind is tried again (a single round is
+a noisy measure: the revisits correct an early wrong choice), so that a change in
 the text (a repetitive stretch where lookup spines make trees pay) is seen.
 Both kinds are exact, so the choice changes speed only, never the output.
 
@@ -17,8 +19,8 @@ rounds (`tree_rounds` of `target_passes`).
 
 from __future__ import annotations
 
-EXPLORE_ROUNDS = 6  # the first rounds alternate: tree, chain, tree, ...
-REVISIT_EVERY = 6  # then one round in this many tries the kind measured slower
+EXPLORE_ROUNDS = 2  # the first rounds: one tree, one chain
+REVISIT_EVERY = 5  # then the slower kind is tried again after this many rounds (more when far behind)
 DECAY = 0.75  # weight of a kind's earlier rounds against its latest (the text drifts)
 
 
@@ -28,6 +30,7 @@ class TreeOrChain:
     def __init__(self):
         self.rounds = 0
         self._sums = {True: [0.0, 0.0], False: [0.0, 0.0]}  # kind -> decayed [tokens, seconds]
+        self._since = {True: 0, False: 0}  # kind -> rounds since it was last run
 
     def rate(self, tree: bool) -> float | None:
         """Recent tokens per second of `tree` rounds (None before one is measured)."""
@@ -43,10 +46,14 @@ class TreeOrChain:
         if self.rounds < EXPLORE_ROUNDS:
             return self.rounds % 2 == 0
         best = self.faster()
-        return (not best) if self.rounds % REVISIT_EVERY == 0 else best
+        slow, fast = self.rate(not best), self.rate(best)
+        ratio = fast / slow if slow and fast else 1.0
+        # revisit the slower kind after REVISIT_EVERY rounds, later the further behind it is
+        return (not best) if self._since[not best] >= REVISIT_EVERY * ratio * ratio else best
 
     def observe(self, tree: bool, tokens: int, seconds: float) -> None:
         """A drafted round of `tree` kind emitted `tokens` in `seconds`."""
         s = self._sums[tree]
         s[0], s[1] = s[0] * DECAY + tokens, s[1] * DECAY + max(seconds, 1e-9)
         self.rounds += 1
+        self._since[tree], self._since[not tree] = 0, self._since[not tree] + 1
