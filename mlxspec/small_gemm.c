@@ -23,8 +23,8 @@
  * 16-bit B as a float32 (K/2, N) matrix, A as (2M, K/2) and C as (2M, N), the
  * same memory; rows M..2M-1 of C are left as they were.  C = product + beta C
  * (the bias, which MLX's addmm has copied into C).  Packed calls always
- * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill)
- * unpack B one panel at a time for the other BLAS.
+ * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill) are
+ * computed in chunks of rows.
  *
  * Every output element is the sum over k = 0..K-1, in that order, of one fused
  * multiply-add per term, whatever M, the tiling and the thread split: a row's
@@ -45,12 +45,11 @@
 #define HAVE_F16 0
 #endif
 
-#define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins */
+#define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins (packed B: chunks of rows) */
 #define NB 64          /* output columns per tile: four 16-float vectors */
 #define MB_ONE_PASS 6  /* most activation rows per register tile (24 accumulators); more rows: even passes */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
-#define UNPACK_PANEL 256            /* columns of a packed B unpacked at a time for a large product */
 
 #define SWIGLU 0x7E5A3C10u      /* alpha bits of an element-wise call: C = silu(A) * C (lean_ops.py) */
 #define SWIGLU_WIDTH 16         /* such a call comes as (rows, 16) products: N = K = lda = ldc = 16 */
@@ -253,49 +252,6 @@ static void small_sgemm(int M, int N, int K, float alpha, const float *A, int ld
         column_block(nb, M, N, K, alpha, A, lda, B, ldb, packed, fmt, beta, C, ldc);
 }
 
-/* 16 elements of B from element i on, widened to float32 */
-static inline v16 load16_as(int fmt, const void *B, size_t i)
-{
-    if (fmt == F32)
-        return load16((const float *)B + i);
-#if HAVE_F16
-    if (fmt == F16)
-        return load16_f16((const uint16_t *)B + i);
-#endif
-    return load16_bf16((const uint16_t *)B + i);
-}
-
-/* A large product on packed B: each panel of columns unpacked to float32, then the other BLAS. */
-static void unpacked_sgemm(int M, int N, int K, const float *A, int lda, const void *B, int fmt, float beta, float *C,
-                           int ldc)
-{
-    float *panel = malloc(sizeof(float) * (size_t)K * UNPACK_PANEL);
-    if (panel == NULL) {
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++)
-                C[(size_t)m * ldc + n] = __builtin_nanf("");
-        return;
-    }
-    for (int p0 = 0; p0 < N; p0 += UNPACK_PANEL) {
-        int pw = N - p0 < UNPACK_PANEL ? N - p0 : UNPACK_PANEL;
-#pragma omp parallel for schedule(static)
-        for (int k = 0; k < K; k++)
-            for (int n0 = p0; n0 < p0 + pw; n0 += NB) {
-                int nw = N - n0 < NB ? N - n0 : NB;
-                size_t from = (size_t)n0 * K + (size_t)k * nw;
-                float *to = panel + (size_t)k * pw + (n0 - p0);
-                if (nw == NB)
-                    for (int j = 0; j < NB; j += 16)
-                        store16(to + j, load16_as(fmt, B, from + j));
-                else
-                    for (int n = 0; n < nw; n++)
-                        to[n] = element(fmt, B, from + n);
-            }
-        real_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, M, pw, K, 1.0f, A, lda, panel, pw, beta, C + p0, ldc);
-    }
-    free(panel);
-}
-
 /* A call on packed weights: the shapes as the caller passed them (see the top). */
 static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, const void *B, float beta, float *C,
                          int ldc)
@@ -312,11 +268,14 @@ static void packed_sgemm(int fmt, int M, int N, int K, const float *A, int lda, 
         K *= 2;
         lda = K;
     }
-    if (M <= SMALL_M_MAX) {
-        __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
-        small_sgemm(M, N, K, 1.0f, A, lda, B, N, 1, fmt, beta, C, ldc);
-    } else {
-        unpacked_sgemm(M, N, K, A, lda, B, fmt, beta, C, ldc);
+    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    /* a prompt: even chunks of at most SMALL_M_MAX rows, the weights streamed once per chunk -- 4.5x
+     * faster than unpacking panels for OpenBLAS for 77 rows, 2.5x for 300 (the default target) */
+    int chunks = (M + SMALL_M_MAX - 1) / SMALL_M_MAX;
+    for (int c = 0, m0 = 0; c < chunks; c++) {
+        int rows = (M - m0) / (chunks - c);
+        small_sgemm(rows, N, K, 1.0f, A + (size_t)m0 * lda, lda, B, N, 1, fmt, beta, C + (size_t)m0 * ldc, ldc);
+        m0 += rows;
     }
 }
 

@@ -1,7 +1,7 @@
 """Packed weights (packed_weights.py, small_gemm.c's PACKED_* calls): the narrowest
 exact format is chosen, products on packed weights equal the float32 kernel's bit
-for bit (every format, edge shapes, 1-16 rows; more rows against float64 through
-the unpacking path), the kernel takes them even when switched off, a malformed
+for bit (every format, edge shapes, 1-16 rows; more rows, in chunks, against
+float64 and row by row), the kernel takes them even when switched off, a malformed
 call is loud, and a loaded model is packed, computes what the unpacked one does,
 and keeps greedy speculative output equal to plain decoding."""
 
@@ -70,14 +70,17 @@ def test_products_equal_the_float32_kernel_bit_for_bit(fmt, k, n):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m", [17, 33, 100])
-def test_large_products_unpack_and_match_float64(fmt, m):
-    k, n = 96, 300  # panels of 256 columns: one full, one partial
+def test_large_products_in_chunks_match_float64(fmt, m):
+    k, n = 96, 300  # four full column blocks and a narrower one
     w = weights(k, n, fmt)
     x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
-    got = np.array(PackedLinear.from_weight(mx.array(w), None, fmt)(mx.array(x)))
+    linear = PackedLinear.from_weight(mx.array(w), None, fmt)
+    got = np.array(linear(mx.array(x)))
     ref = x.astype(np.float64) @ w.astype(np.float64)
     scale = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64)
     assert np.all(np.abs(got - ref) <= 1e-5 * scale + 1e-6)
+    for i in (0, m - 1):  # a prompt's rows as each alone (a decode step)
+        assert np.array_equal(got[i:i + 1], np.array(linear(mx.array(x[i:i + 1]))))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
