@@ -4,9 +4,10 @@ The tree budget (tree_budget.py) sizes a tree from the calibrated cost model
 and the acceptance observed per draft confidence; where those estimates are off
 for a text (a sibling rarely taken, a chain that would have gone deeper), a
 round of chains gives more tokens per second than a tree.  So with trees on by
-default, a generation measures both: its first round verifies a tree, its
-second a chain; afterwards each round takes the kind with the higher recent rate
-(tokens emitted per second of drafting and verifying, older rounds decaying),
+default, a generation measures both: its first rounds verify trees, then one a
+chain; afterwards each round takes the kind with the higher recent rate (tokens
+emitted per second of drafting and verifying, older rounds decaying; chains need
+a margin, SWITCH_MARGIN, since trees are what the cost model chose),
 and after REVISIT_EVERY rounds (times the squared ratio of the two rates: a kind
 far behind is revisited rarely) the other kind is tried again (a single round is
 a noisy measure: the revisits correct an early wrong choice), so that a change in
@@ -19,7 +20,8 @@ rounds (`tree_rounds` of `target_passes`).
 
 from __future__ import annotations
 
-EXPLORE_ROUNDS = 2  # the first rounds: one tree, one chain
+CHAIN_ROUND = 2  # the round (from 0) that first verifies a chain; the rounds before it, trees
+SWITCH_MARGIN = 1.1  # chains take over only when measured this much faster than trees
 REVISIT_EVERY = 5  # then the slower kind is tried again after this many rounds (more when far behind)
 DECAY = 0.75  # weight of a kind's earlier rounds against its latest (the text drifts)
 
@@ -38,13 +40,14 @@ class TreeOrChain:
         return tokens / seconds if seconds > 0 else None
 
     def faster(self) -> bool:
-        """True when trees measure at least as fast as chains (or chains are unmeasured)."""
+        """True unless chains measure SWITCH_MARGIN times faster than trees: trees are
+        the cost model's choice, chains have to prove themselves."""
         t, c = self.rate(True), self.rate(False)
-        return c is None or (t is not None and t >= c)
+        return c is None or t is None or c < SWITCH_MARGIN * t
 
     def tree_next(self) -> bool:
-        if self.rounds < EXPLORE_ROUNDS:
-            return self.rounds % 2 == 0
+        if self.rounds <= CHAIN_ROUND:
+            return self.rounds < CHAIN_ROUND
         best = self.faster()
         slow, fast = self.rate(not best), self.rate(best)
         ratio = fast / slow if slow and fast else 1.0

@@ -6,7 +6,7 @@ import tiny_models
 from mlxspec.drafters import ModelDrafter
 from mlxspec.speculative import SpeculativeDecoder
 from mlxspec.stats import GenerationStats
-from mlxspec.tree_choice import DECAY, EXPLORE_ROUNDS, REVISIT_EVERY, TreeOrChain
+from mlxspec.tree_choice import CHAIN_ROUND, DECAY, REVISIT_EVERY, SWITCH_MARGIN, TreeOrChain
 from test_tree_loop import wide
 
 
@@ -23,24 +23,26 @@ def run(choice: TreeOrChain, rounds: int, rate) -> list[bool]:
 def test_explores_then_takes_the_faster_and_revisits_the_slower():
     choice = TreeOrChain()
     kinds = run(choice, 60, lambda tree, i: 10.0 if tree else 7.0)
-    assert kinds[:EXPLORE_ROUNDS] == [i % 2 == 0 for i in range(EXPLORE_ROUNDS)]
-    later = kinds[EXPLORE_ROUNDS:]
+    assert kinds[:CHAIN_ROUND + 1] == [True] * CHAIN_ROUND + [False]
+    later = kinds[CHAIN_ROUND + 1:]
     assert sum(later) > 0.8 * len(later)  # mostly trees
     assert not all(later)  # chains revisited ...
     gaps = [i for i, k in enumerate(later) if not k]
     assert min(b - a for a, b in zip(gaps, gaps[1:])) >= REVISIT_EVERY  # ... not more often than this
-    close = run(TreeOrChain(), 60, lambda tree, i: 10.0 if tree else 9.5)[EXPLORE_ROUNDS:]
-    far = run(TreeOrChain(), 60, lambda tree, i: 20.0 if tree else 5.0)[EXPLORE_ROUNDS:]
+    close = run(TreeOrChain(), 60, lambda tree, i: 10.0 if tree else 9.5)[CHAIN_ROUND + 1:]
+    margin = run(TreeOrChain(), 60, lambda tree, i: 10.0 if tree else 10.5)[CHAIN_ROUND + 1:]
+    assert SWITCH_MARGIN > 1.05 and sum(margin) > 0.8 * len(margin)  # chains must be clearly faster
+    far = run(TreeOrChain(), 60, lambda tree, i: 20.0 if tree else 5.0)[CHAIN_ROUND + 1:]
     assert len(far) - sum(far) < len(close) - sum(close)  # a kind far behind is revisited less
-    chains = run(TreeOrChain(), 60, lambda tree, i: 6.0 if tree else 9.0)[EXPLORE_ROUNDS:]
+    chains = run(TreeOrChain(), 60, lambda tree, i: 6.0 if tree else 9.0)[CHAIN_ROUND + 1:]
     assert sum(chains) < 0.2 * len(chains) and any(chains)  # mostly chains, trees revisited
 
 
 def test_follows_a_change_in_the_text():
     """Chains pay first; from round 30 on trees pay (a repetitive stretch): the revisits see it."""
-    kinds = run(TreeOrChain(), 80, lambda tree, i: (12.0 if i >= 30 else 5.0) if tree else 8.0)
+    kinds = run(TreeOrChain(), 120, lambda tree, i: (12.0 if i >= 30 else 5.0) if tree else 8.0)
     assert sum(kinds[12:30]) <= 18 // REVISIT_EVERY + 1  # chains, trees revisited now and then
-    assert sum(kinds[55:]) >= 0.75 * len(kinds[55:])  # trees, once a revisit has seen them pay
+    assert sum(kinds[90:]) >= 0.75 * len(kinds[90:])  # trees, once revisits have seen them pay
     assert 0 < DECAY < 1
 
 
