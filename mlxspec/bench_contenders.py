@@ -255,14 +255,13 @@ def parse_k(value: str, default):
 
 
 def make_contender(spec: str, default_k: int = 3) -> Contender:
-    """'plain', 'mlx-lm[:K]', 'mlx-lm-plain', or '<drafter>[:K|:auto][:chain|:tree]' for drafter in
-    model/lookup/layerskip (':chain': verify chains, not trees; ':tree': trees every round; neither:
-    the default, trees or chains round by round as measured, tree_choice.py)."""
+    """'plain', 'mlx-lm[:K]', 'mlx-lm-plain', or '<drafter>[:K|:auto][:chain]' for drafter in
+    model/lookup/layerskip (':chain': verify chains, not trees)."""
     spec = spec.strip()
     name, _, arg = spec.partition(":")
     arg, _, shape = arg.partition(":")
-    if shape not in ("", "chain", "tree"):
-        raise MlxspecError(f"bad contender {spec!r}: the third part can only be 'chain' or 'tree'")
+    if shape not in ("", "chain"):
+        raise MlxspecError(f"bad contender {spec!r}: the third part can only be 'chain'")
     if name == "plain":
         return MlxspecContender("plain", "none", 0, spec)
     if name == "mlx-lm-plain":
@@ -274,9 +273,8 @@ def make_contender(spec: str, default_k: int = 3) -> Contender:
         return MlxLmContender(f"mlx-lm k={k}", k, spec)
     if name in DRAFTERS:
         k = parse_k(arg, default_k)
-        label = f"mlxspec {name} " + ("auto" if k == "auto" else f"k={k}") + {"": "", "chain": " chains",
-                                                                               "tree": " trees"}[shape]
-        return MlxspecContender(label, name, k, spec, tree={"": None, "chain": False, "tree": True}[shape])
+        label = f"mlxspec {name} " + ("auto" if k == "auto" else f"k={k}") + (" chains" if shape else "")
+        return MlxspecContender(label, name, k, spec, tree=False if shape else None)
     raise MlxspecError(
         f"unknown contender {spec!r}: plain, mlx-lm[:K], mlx-lm-plain, or {'/'.join(DRAFTERS)}[:K|:auto]")
 

@@ -32,7 +32,6 @@ from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
 from .stats import GenerationStats
 from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
-from .tree_choice import TreeOrChain
 from .tree_round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
 
 
@@ -145,7 +144,6 @@ class SpeculativeDecoder:
         if hasattr(self.policy, "start"):
             self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
         trees = self.trees
-        choice = TreeOrChain() if trees and self.tree is None else None  # the default: measured per round
         if self.tree_note and (self.tree is True or self.tree_note.kind in NOTED_KINDS):  # asked for, or unexpected
             stats.notes.append(f"verifying chains: {self.tree_note.text}")
         eos = set(eos_token_ids)
@@ -185,8 +183,7 @@ class SpeculativeDecoder:
                     k_draft = k_verify = None
 
                 t_draft = time.perf_counter()
-                tree_round = bool(k) and trees and (choice is None or choice.tree_next())
-                if tree_round:
+                if k and trees:
                     r = run_tree_round(self.target, self.drafter, self.policy, history, k, params,
                                        k_draft, k_verify, self.target_name, self.lookup)
                     stats.record_tree(r.nodes, r.depth, len(r.accepted), r.siblings_taken, r.lookup_taken)
@@ -198,8 +195,6 @@ class SpeculativeDecoder:
                                                                                    k_verify, rnd)
                     depth = None
                 t_end = time.perf_counter()
-                if k and choice is not None:
-                    choice.observe(tree_round, len(accepted) + 1, t_end - t_draft)
                 n = len(accepted)
                 new = accepted + [nxt]
                 emit = []
