@@ -24,12 +24,10 @@ os.environ["MLXSPEC_LEAN"] = "0"  # load with mlx-lm's modules; the lean copies 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import backend, lean_ops  # noqa: E402
-from mlxspec.api import encode_prompt  # noqa: E402
-from mlxspec.bench_contenders import make_contender  # noqa: E402
+from mlxspec import lean_ops  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import arguments, chosen_prompts, finish, interleave, swap  # noqa: E402
+from side_by_side import arguments, swap, swapped_comparison  # noqa: E402
 
 # name: (contender spec, lean)
 CONTENDERS = {"plain mlx-lm modules": ("plain", False), "default mlx-lm modules": ("model:auto", False),
@@ -58,23 +56,7 @@ def main() -> int:
     if not modules["target"]:
         print("lean layers are not available here (not the CPU backend?)", file=sys.stderr)
         return 2
-    prompts = chosen_prompts(args)
-    made = {name: (make_contender(spec), lean) for name, (spec, lean) in CONTENDERS.items()}
-
-    def run(name, ids, n):
-        c, lean = made[name]
-        swap(pair.target, modules["target"], lean)
-        swap(pair.draft, modules["draft"], lean)
-        return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
-
-    summary = interleave(prompts, list(made), run,
-                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
-                         RATIOS, args.repeats, args.max_tokens)
-    out = {"command": " ".join(sys.argv), "backend": backend.describe(),
-           "suite": args.suite, "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts],
-           "repeats": args.repeats, **summary}
-    return finish(out, args.out, out["tokens_per_pass"])
-
+    return swapped_comparison(args, pair, modules, CONTENDERS, RATIOS)
 
 if __name__ == "__main__":
     sys.exit(main())

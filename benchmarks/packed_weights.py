@@ -26,14 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 import numpy as np  # noqa: E402
-from mlxspec import backend, packed_weights  # noqa: E402
-from mlxspec.api import encode_prompt  # noqa: E402
-from mlxspec.bench_contenders import make_contender  # noqa: E402
+from mlxspec import packed_weights  # noqa: E402
 from mlxspec.blas_layout import TransposedLinear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import arguments, chosen_prompts, finish, interleave, swap  # noqa: E402
+from side_by_side import arguments, swapped_comparison  # noqa: E402
 
 # name: (contender spec, packed)
 CONTENDERS = {"plain unpacked": ("plain", False), "default unpacked": ("model:auto", False),
@@ -63,23 +61,7 @@ def main() -> int:
         return 2
     layers = {"target": copies(pair.target), "draft": copies(pair.draft)}
     formats = sorted({p.fmt for d in layers.values() for _, p in d.values()})
-    prompts = chosen_prompts(args)
-    made = {name: (make_contender(spec), packed) for name, (spec, packed) in CONTENDERS.items()}
-
-    def run(name, ids, n):
-        c, packed = made[name]
-        swap(pair.target, layers["target"], packed)
-        swap(pair.draft, layers["draft"], packed)
-        return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
-
-    summary = interleave(prompts, list(made), run,
-                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
-                         RATIOS, args.repeats, args.max_tokens)
-    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "packed_formats": formats,
-           "suite": args.suite, "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts],
-           "repeats": args.repeats, **summary}
-    return finish(out, args.out, out["tokens_per_pass"])
-
+    return swapped_comparison(args, pair, layers, CONTENDERS, RATIOS, {"packed_formats": formats})
 
 if __name__ == "__main__":
     sys.exit(main())

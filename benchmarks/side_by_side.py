@@ -1,5 +1,5 @@
-"""What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py)
-share: a spread of run-by-run figures, the interleaved loop over prompts and repeats,
+"""What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py,
+packed_weights.py, lean_ops.py) share: a spread of run-by-run figures, the interleaved loop over prompts and repeats,
 and writing and printing their summary."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 
@@ -91,3 +92,30 @@ def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[
                   "identical" if same else "DIFFERENT", flush=True)
     return {"tok_s": {c: spread(v) for c, v in tps.items()}, "tokens_per_pass": {c: spread(v) for c, v in per_pass.items()},
             "ratios": {k: spread(v) for k, v in got.items()}, "outputs_identical": identical, "runs": runs}
+
+
+def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders: dict, ratios: list[str],
+                       extra: dict | None = None) -> int:
+    """Run `contenders` ({name: (contender spec, which)}) interleaved on the chosen prompts,
+    with module `which` of `modules` ({"target"|"draft": {path: (module, module)}}) put in
+    the pair's models for each run; write, print and return as `finish` does."""
+    from mlxspec import backend
+    from mlxspec.api import encode_prompt
+    from mlxspec.bench_contenders import make_contender
+
+    prompts = chosen_prompts(args)
+    made = {name: (make_contender(spec), which) for name, (spec, which) in contenders.items()}
+
+    def run(name, ids, n):
+        c, which = made[name]
+        swap(pair.target, modules["target"], which)
+        swap(pair.draft, modules["draft"], which)
+        return c.run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+
+    summary = interleave(prompts, list(made), run,
+                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         ratios, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "backend": backend.describe(), **(extra or {}),
+           "suite": args.suite, "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts],
+           "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
+from mlx_lm.models import base
 
 from . import kernel_ops
 
@@ -37,8 +38,6 @@ def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
     (scores by matmul, the mask, a softmax, a matmul by the values), with the softmax
     in the kernel: float32 only, and only while `set_attention` has it on; otherwise
     (sinks, a quantized cache, other dtypes) mlx-lm's own."""
-    from mlx_lm.models import base
-
     if not _attention["on"] or sinks is not None or hasattr(cache, "bits") or \
             queries.dtype != mx.float32 or keys.dtype != mx.float32 or values.dtype != mx.float32:
         return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask,
@@ -86,8 +85,6 @@ def install(model) -> bool:
     """When `model`'s type is registered: point the registered model modules' attention
     at `lean_attention` (process-wide: every model of those types on this backend);
     False when it is not or the kernel cannot."""
-    from mlx_lm.models import base
-
     if sys.modules.get(type(model).__module__) not in attention_modules() or not kernel_ops.usable("softmax"):
         return False
     for mod in attention_modules():

@@ -46,6 +46,7 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx_lm.models.activations import swiglu
 
 from . import kernel_ops, lean_attention
 
@@ -165,8 +166,6 @@ class LeanMLP(nn.Module):
         if gate.dtype == up.dtype == mx.float32 and gate.shape == up.shape and \
                 gate.shape[-1] % kernel_ops.SWIGLU_WIDTH == 0:
             return self.down_proj(kernel_ops.swiglu(gate, up))
-        from mlx_lm.models.activations import swiglu
-
         return self.down_proj(swiglu(gate, up))
 
 

@@ -5,7 +5,6 @@ float64 and row by row), the kernel takes them even when switched off, a malform
 call is loud, and a loaded model is packed, computes what the unpacked one does,
 and keeps greedy speculative output equal to plain decoding."""
 
-import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -169,12 +168,6 @@ def test_a_packed_draft_head_can_be_pruned(tmp_path):
 
 
 def test_turned_off_by_environment(tmp_path):
-    import subprocess
-    import sys
-
-    code = ("import mlxspec, sys; from mlxspec import packed_weights, blas_layout; "
-            f"m = mlxspec.load({str(tiny_models.f16_model_dir(tmp_path / 'llama', 'llama'))!r}, no_draft=True).target; "
-            "print(packed_weights.available(), blas_layout.layout(m))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, packed_weights.ENV: "0"})
-    assert out.returncode == 0 and out.stdout.split() == ["False", "blas"], out.stderr[-500:]
+    assert tiny_models.loaded_elsewhere(tmp_path / "llama", {packed_weights.ENV: "0"},
+                                        "from mlxspec import packed_weights, blas_layout",
+                                        "packed_weights.available(), blas_layout.layout(m)") == ["False", "blas"]

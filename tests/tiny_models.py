@@ -215,3 +215,18 @@ def f16_model_dir(path, arch="llama", noise=0.0, seed=1):
         model = perturbed(model, cfg, noise=noise, seed=seed)
     model.update(tree_map(lambda v: v.astype(mx.float16).astype(mx.float32), model.parameters()))
     return save_model_dir(path, arch, model=model)
+
+
+def loaded_elsewhere(path, env: dict, imports: str, expr: str) -> list[str]:
+    """Load a float16-valued llama folder (f16_model_dir) at `path` in a fresh process
+    with `env` set, run `imports`, print `expr` (of `m`, the loaded target): its words."""
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import mlxspec; {imports}; "
+            f"m = mlxspec.load({str(f16_model_dir(path, 'llama'))!r}, no_draft=True).target; print({expr})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr[-500:]
+    return out.stdout.split()
