@@ -38,12 +38,14 @@ LAYERS = 8
 
 
 def build(source: str, out: Path) -> ctypes.CDLL:
+    """small_gemm.c from `source`, with the working tree's other sources (draft_gemm.c)."""
     src = out.with_suffix(".c")
     src.write_text(source)
     cc = small_gemm._compiler()
     if cc is None:
         raise SystemExit("no C compiler (cc)")
-    subprocess.run([cc, *small_gemm.FLAGS, str(src), "-o", str(out), "-ldl", "-lm"], check=True)
+    others = [str(s) for s in small_gemm.SOURCES if s != small_gemm.SOURCE]
+    subprocess.run([cc, *small_gemm.FLAGS, str(src), *others, "-o", str(out), "-ldl", "-lm"], check=True)
     lib = ctypes.CDLL(str(out), mode=ctypes.RTLD_LOCAL)
     f = lib.cblas_sgemm
     f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,

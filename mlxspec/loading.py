@@ -249,7 +249,7 @@ def load_model_dir(path: Path, name: str = "model"):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from . import blas_layout, lean_ops, packed_weights
+    from . import blas_layout, draft_weights, lean_ops, packed_weights
 
     model_file = read_config(path).get("model_file")
     if model_file:
@@ -261,6 +261,8 @@ def load_model_dir(path: Path, name: str = "model"):
         if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(dtype)
         mx.eval(model.parameters())
+        if name == "draft":
+            draft_weights.prepare(model)  # CPU with the kernel: int8 (it only proposes; the target decides)
         packed_weights.prepare(model)  # CPU with the small-batch kernel: packed, 16 bits where exact
         blas_layout.prepare(model)  # the other float32 weights: stored as BLAS reads them fastest
         lean_ops.prepare(model)  # CPU: RoPE from shared tables, RMSNorm compiled (fewer MLX operations)

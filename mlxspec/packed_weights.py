@@ -40,8 +40,8 @@ import numpy as np
 
 ENV = "MLXSPEC_PACKED"  # "0": off; "f32": column blocks only; default: 16 bits where exact
 NB = 64  # columns per block (small_gemm.c's NB)
-ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03}  # small_gemm.c's PACKED_*
-FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4}  # mlxspec_gemm_formats()
+ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03, "i8": 0x7E5A3C04}  # small_gemm.c's PACKED_*
+FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4, "i8": 8}  # mlxspec_gemm_formats(); i8: draft_weights.py
 
 _checked: dict[str, bool] = {}
 _ZERO = mx.array(0.0, dtype=mx.float32)  # addmm's C when there is no bias

@@ -37,6 +37,7 @@ from pathlib import Path
 
 ENV = "MLXSPEC_SMALL_GEMM"  # "0": OpenBLAS takes every call
 SOURCE = Path(__file__).with_name("small_gemm.c")
+SOURCES = (SOURCE, Path(__file__).with_name("draft_gemm.c"))  # compiled into one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
 SPIN_COUNT = "30000"  # GOMP_SPINCOUNT: how long idle OpenMP threads spin before they sleep
@@ -64,7 +65,7 @@ def library_path(cc: str) -> Path:
     from .paths import cache_dir
 
     st = os.stat(cc)
-    ident = "\0".join([SOURCE.read_text(), os.path.realpath(cc), str(st.st_size), str(st.st_mtime_ns),
+    ident = "\0".join([*(s.read_text() for s in SOURCES), os.path.realpath(cc), str(st.st_size), str(st.st_mtime_ns),
                        " ".join(FLAGS), _cpu_flags(), platform.machine()])
     return cache_dir() / "kernels" / f"small_gemm-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
@@ -85,7 +86,7 @@ def build() -> Path | None:
         tempfiles.remove_stale(out.parent)
         tmp = tempfiles.temp_name(out.parent, out.stem)
         try:
-            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), "-ldl", "-lm"], capture_output=True, text=True,
+            r = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp), "-ldl", "-lm"], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
             if r.returncode != 0:
                 lines = r.stderr.strip().splitlines() or ["?"]
@@ -175,7 +176,7 @@ def packed_calls() -> int:
 
 
 def formats() -> int:
-    """The packed weight formats the kernel reads (bits: 1 float32, 2 float16, 4 bfloat16); 0 when not loaded."""
+    """The packed weight formats the kernel reads (bits: 1 float32, 2 float16, 4 bfloat16, 8 a draft's int8); 0 when not loaded."""
     lib = _state["lib"]
     return int(lib.mlxspec_gemm_formats()) if lib is not None else 0
 

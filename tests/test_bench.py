@@ -260,11 +260,14 @@ def test_quick_needs_a_draft(tiny_pair_dirs, suite_file):
 # ---- --quick follows the calibrated cost model and the per-token policy's rule ----------------
 
 
-def test_quick_advice_follows_the_cost_model_and_the_per_token_rule(tiny_pair_dirs, suite_file):
-    """A controlled cost ratio: the draft is the target itself (its greedy drafts are kept)
-    and the costs are given, so the advice is decided by them alone."""
+def test_quick_advice_follows_the_cost_model_and_the_per_token_rule(tiny_pair_dirs, suite_file, monkeypatch):
+    """A controlled cost ratio: the draft is the target itself (its greedy drafts are kept;
+    its weights not rounded to int8) and the costs are given, so the advice is decided by them alone."""
     import mlxspec
+    from mlxspec import draft_weights
     from mlxspec.cost_model import CostModel
+
+    monkeypatch.setenv(draft_weights.ENV, "0")
 
     target, _ = tiny_pair_dirs
     pair = mlxspec.load(target, target)

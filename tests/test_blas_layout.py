@@ -81,10 +81,13 @@ def test_pruned_head_on_a_prepared_model():
 
 def test_loading_lays_out_the_models(tiny_pair):
     """mlxspec.load on the CPU backend: target and draft converted (packed, with the
-    small-batch kernel: random float32 weights stay float32), and the greedy
-    speculative output still equals plain decoding's."""
+    small-batch kernel: random float32 weights stay float32; the draft's are int8 where
+    draft_weights.py can), and the greedy speculative output still equals plain decoding's."""
+    from mlxspec import draft_weights
+
     want = "packed f32" if packed_weights.available() else "blas"
-    assert blas_layout.layout(tiny_pair.target) == want and blas_layout.layout(tiny_pair.draft) == want
+    assert blas_layout.layout(tiny_pair.target) == want
+    assert blas_layout.layout(tiny_pair.draft) == ("packed i8" if draft_weights.wanted() else want)
     prompt = "the quick brown fox"
     plain = mlxspec.generate(tiny_pair, prompt, max_tokens=24, drafter="none")
     spec = mlxspec.generate(tiny_pair, prompt, max_tokens=24, num_draft=4)

@@ -139,7 +139,8 @@ def test_a_loaded_model_is_packed_and_computes_what_the_unpacked_one_does(tmp_pa
         0.6 * sum(v.nbytes for _, v in tree_flatten(plain.parameters()))
 
 
-def test_greedy_speculative_equals_plain_on_a_packed_pair(tmp_path):
+def test_greedy_speculative_equals_plain_on_a_packed_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_DRAFT_INT8", "0")  # the draft's 16-bit packing (int8: test_draft_weights.py)
     target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
     draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
     pair = mlxspec.load(target, draft_dir)

@@ -1,0 +1,192 @@
+/* int8 products for a draft model's weights (draft_weights.py), built into the same
+ * library as small_gemm.c, which hands it the calls marked PACKED_I8.
+ *
+ * A draft only proposes tokens (the target decides), so its products may round:
+ * weights are int8 with one scale per output column, and each row of activations
+ * is rounded to int8 in blocks of QB values, each block with its own scale (the
+ * Q8_0 scheme of llama.cpp: a block's largest value maps to 127).  The products
+ * are integer dot products (AVX-512 VNNI: 64 multiply-adds per instruction), so
+ * a draft step costs its weight bytes -- a quarter of float32 -- and little else.
+ *
+ * Weights arrive as unsigned bytes u = q + 128 (q in [-127, 127]) in column blocks
+ * of NB columns; inside a block, each group of four consecutive k holds NB
+ * columns of four bytes (VNNI's operand layout).  For a row a (int8 a_q, block
+ * scale d, block sum S = sum of a_q over the block) and a column n:
+ *     sum_k a[k] w[k][n]  ~  s[n] * sum_blocks d * (sum_k u[k][n] a_q[k] - 128 S)
+ * The integer part is exact; each block adds its float term with one fused
+ * multiply-add, in block order, the same in the vector and the scalar code.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NB 64  /* output columns per block: four 16-lane vectors (as small_gemm.c) */
+#define QB 32  /* activation values per quantisation block */
+#define MB 6   /* activation rows per register tile: 24 integer accumulators */
+#define CHUNK 32 /* rows per pass over the weights (each pass keeps its float sums on the stack) */
+#define MIN_PARALLEL_WORK (1 << 18)
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
+
+int mlxspec_draft_gemm_available(void) { return HAVE_VNNI; }
+
+/* Row x (K values, K a multiple of QB) -> int8 q, a scale and a sum per block: q = x * (127 / top)
+ * rounded to nearest (ties to even), top the block's largest |x|. */
+static void quantise_row(const float *x, int K, int8_t *q, float *scale, int32_t *sum)
+{
+    for (int b = 0; b < K / QB; b++) {
+        const float *v = x + b * QB;
+#if HAVE_VNNI
+        __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+        float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+#else
+        float top = 0.0f;
+        for (int i = 0; i < QB; i++)
+            top = fmaxf(top, fabsf(v[i]));
+#endif
+        float inv = top > 0.0f ? 127.0f / top : 0.0f;
+        scale[b] = top / 127.0f;
+#if HAVE_VNNI
+        __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+        __m512 s = _mm512_set1_ps(inv);
+        __m512i t0 = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(v0, s))));
+        __m512i t1 = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(v1, s))));
+        _mm_storeu_si128((__m128i *)(q + b * QB), _mm512_cvtepi32_epi8(t0));
+        _mm_storeu_si128((__m128i *)(q + b * QB + 16), _mm512_cvtepi32_epi8(t1));
+        sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(t0, t1));
+#else
+        int32_t total = 0;
+        for (int i = 0; i < QB; i++) {
+            int t = (int)nearbyintf(v[i] * inv);
+            t = t > 127 ? 127 : t < -127 ? -127 : t;
+            q[b * QB + i] = (int8_t)t;
+            total += t;
+        }
+        sum[b] = total;
+#endif
+    }
+}
+
+#if HAVE_VNNI
+/* acc[m][0..NB) += the blocks' terms for rows m < mb of one full column block */
+static inline __attribute__((always_inline)) void tile_rows(int mb, int K, const int8_t *qa, const float *ascale,
+                                                            const int32_t *asum, const uint8_t *w, float *acc)
+{
+    int blocks = K / QB;
+    for (int b = 0; b < blocks; b++) {
+        __m512i c[MB][4];
+        for (int m = 0; m < MB; m++)
+            for (int j = 0; j < 4; j++)
+                c[m][j] = _mm512_setzero_si512();
+        for (int g = 0; g < QB / 4; g++) {
+            const uint8_t *p = w + ((size_t)b * (QB / 4) + g) * NB * 4;
+            __m512i w0 = _mm512_loadu_si512(p), w1 = _mm512_loadu_si512(p + 64), w2 = _mm512_loadu_si512(p + 128),
+                    w3 = _mm512_loadu_si512(p + 192);
+            _Pragma("GCC unroll 6") for (int m = 0; m < MB; m++)
+            {
+                if (m < mb) {
+                    int32_t four;
+                    memcpy(&four, qa + (size_t)m * K + b * QB + g * 4, 4);
+                    __m512i a = _mm512_set1_epi32(four);
+                    c[m][0] = _mm512_dpbusd_epi32(c[m][0], w0, a);
+                    c[m][1] = _mm512_dpbusd_epi32(c[m][1], w1, a);
+                    c[m][2] = _mm512_dpbusd_epi32(c[m][2], w2, a);
+                    c[m][3] = _mm512_dpbusd_epi32(c[m][3], w3, a);
+                }
+            }
+        }
+        for (int m = 0; m < mb; m++) {
+            __m512i corr = _mm512_set1_epi32(128 * asum[(size_t)m * blocks + b]);
+            __m512 d = _mm512_set1_ps(ascale[(size_t)m * blocks + b]);
+            for (int j = 0; j < 4; j++) {
+                float *o = acc + m * NB + 16 * j;
+                __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(c[m][j], corr));
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(t, d, _mm512_loadu_ps(o)));
+            }
+        }
+    }
+}
+
+static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int32_t *asum, const uint8_t *w,
+                 float *acc)
+{ /* a copy per row count: each keeps exactly its accumulators in registers */
+    switch (mb) {
+    case 1: tile_rows(1, K, qa, ascale, asum, w, acc); break;
+    case 2: tile_rows(2, K, qa, ascale, asum, w, acc); break;
+    case 3: tile_rows(3, K, qa, ascale, asum, w, acc); break;
+    case 4: tile_rows(4, K, qa, ascale, asum, w, acc); break;
+    case 5: tile_rows(5, K, qa, ascale, asum, w, acc); break;
+    default: tile_rows(6, K, qa, ascale, asum, w, acc);
+    }
+}
+#endif
+
+/* Column block nb for M (<= CHUNK) quantised rows; C = result x C (C holds the column scales). */
+static void column_block(int nb, int M, int N, int K, const int8_t *qa, const float *ascale, const int32_t *asum,
+                         const uint8_t *B, float *C, int ldc)
+{
+    float acc[CHUNK * NB];
+    int n0 = nb * NB, nw = N - n0 < NB ? N - n0 : NB, blocks = K / QB;
+    const uint8_t *w = B + (size_t)n0 * K;
+    memset(acc, 0, sizeof(float) * M * NB);
+#if HAVE_VNNI
+    if (nw == NB) {
+        for (int m0 = 0; m0 < M; m0 += MB) {
+            int mb = M - m0 < MB ? M - m0 : MB;
+            tile(mb, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks, asum + (size_t)m0 * blocks, w,
+                 acc + m0 * NB);
+        }
+    } else
+#endif
+    { /* the last, narrower block (and builds without VNNI): scalar, the same terms in the same order */
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < nw; n++) {
+                float s = 0.0f;
+                for (int b = 0; b < blocks; b++) {
+                    int32_t t = 0;
+                    for (int k = b * QB; k < (b + 1) * QB; k++)
+                        t += (int32_t)w[((size_t)(k / 4) * nw + n) * 4 + k % 4] * qa[(size_t)m * K + k];
+                    s = fmaf((float)(t - 128 * asum[(size_t)m * blocks + b]), ascale[(size_t)m * blocks + b], s);
+                }
+                acc[m * NB + n] = s;
+            }
+    }
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < nw; n++)
+            C[(size_t)m * ldc + n0 + n] *= acc[m * NB + n];
+}
+
+/* C[0..M) = (A B) x C for int8 B (see the top); 0, or -1 when K is not a multiple of QB or memory ran out. */
+int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
+{
+    if (K % QB != 0)
+        return -1;
+    int blocks = K / QB;
+    int8_t *qa = malloc((size_t)M * K);
+    float *ascale = malloc(sizeof(float) * (size_t)M * blocks);
+    int32_t *asum = malloc(sizeof(int32_t) * (size_t)M * blocks);
+    if (qa == NULL || ascale == NULL || asum == NULL) {
+        free(qa), free(ascale), free(asum);
+        return -1;
+    }
+    for (int m = 0; m < M; m++)
+        quantise_row(A + (size_t)m * lda, K, qa + (size_t)m * K, ascale + (size_t)m * blocks,
+                     asum + (size_t)m * blocks);
+    int nblocks = (N + NB - 1) / NB;
+    for (int m0 = 0; m0 < M; m0 += CHUNK) {
+        int rows = M - m0 < CHUNK ? M - m0 : CHUNK;
+#pragma omp parallel for schedule(static) if ((long)rows * N * K >= MIN_PARALLEL_WORK)
+        for (int nb = 0; nb < nblocks; nb++)
+            column_block(nb, rows, N, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks,
+                         asum + (size_t)m0 * blocks, B, C + (size_t)m0 * ldc, ldc);
+    }
+    free(qa), free(ascale), free(asum);
+    return 0;
+}

@@ -1,0 +1,158 @@
+"""int8 draft weights (draft_weights.py, draft_gemm.c): the layout round-trips, the
+kernel computes exactly the documented rounding (weights per column, activations per
+block of 32) for 1-40 rows, a row does not depend on the rows beside it, a malformed
+call is loud; a loaded pair rounds the draft and never the target, and its greedy
+output (trees and chains) equals plain decoding; sampled output follows the target's
+exact sequence distribution even with a draft rounded to three levels, and the same
+test fails when q is reported from the unrounded draft."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxspec
+import tiny_models
+from mlxspec import draft_weights, packed_weights, small_gemm
+from mlxspec.draft_weights import Int8Linear
+from mlxspec.drafters import ModelDrafter
+from mlxspec.packed_weights import PackedLinear
+from mlxspec.sampling import process_logits
+from stats_util import chi_square
+from test_sequence_distribution import OTHER_PARAMS, SAMPLES, exact_sequence_probs, sample_sequences
+
+pytestmark = pytest.mark.skipif(not draft_weights.works(), reason="no int8 kernel (needs AVX-512 VNNI)")
+
+
+def rows_and_weight(m, k, n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[:, 3] *= 40.0  # an outlier channel: its block gets its own scale
+    return x, rng.standard_normal((n, k)).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [64, 200, 7])
+def test_blocks_round_trip(n):
+    q = np.random.default_rng(0).integers(-127, 128, size=(n, 96)).astype(np.int8)
+    assert np.array_equal(draft_weights.from_blocks(draft_weights.to_blocks(q), 96, n), q)
+
+
+def test_quantise_rounds_each_column_to_its_own_scale():
+    w = np.random.default_rng(0).standard_normal((50, 64)).astype(np.float32) * np.arange(1, 51)[:, None]
+    q, s = draft_weights.quantise(w)
+    assert np.abs(q).max() == 127 and (np.abs(q).max(axis=1) == 127).all()
+    assert (np.abs(q * s[:, None] - w) <= s[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 9, 33, 40])
+@pytest.mark.parametrize("n", [64, 200])
+def test_products_are_the_documented_rounding(m, n):
+    x, w = rows_and_weight(m, 160, n)
+    layer = Int8Linear.from_rows(w)
+    q, s = draft_weights.quantise(w)
+    want = draft_weights.reference(x, q, s)
+    got = np.array(layer(mx.array(x)))
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(got - x @ w.T).max() < 0.05 * np.abs(x @ w.T).max()  # and near the unrounded product
+
+
+def test_a_row_does_not_depend_on_its_neighbours():
+    x, w = rows_and_weight(9, 128, 200)
+    layer = Int8Linear.from_rows(w)
+    together = np.array(layer(mx.array(x)))
+    for i in range(9):
+        assert np.array_equal(np.array(layer(mx.array(x[i]))), together[i])
+
+
+def test_bias_leading_dims_and_take_columns():
+    x, w = rows_and_weight(6, 64, 300)
+    bias = mx.array(np.arange(300, dtype=np.float32))
+    layer = Int8Linear.from_rows(w, bias)
+    flat = np.array(Int8Linear.from_rows(w)(mx.array(x)))
+    got = np.array(layer(mx.array(x.reshape(2, 3, 64))))
+    assert got.shape == (2, 3, 300) and np.array_equal(got.reshape(6, 300), flat + np.arange(300, dtype=np.float32))
+    ids = np.array([0, 5, 63, 64, 130, 255, 256, 299])  # full blocks and the narrow last one
+    sub = layer.take_columns(ids)
+    assert np.array_equal(np.array(sub(mx.array(x))), flat[:, ids])
+    assert np.array_equal(np.array(sub.wt()), np.array(layer.wt())[:, ids])
+
+
+def test_a_malformed_call_is_nan_not_silently_wrong():
+    layer = Int8Linear.from_rows(rows_and_weight(1, 64, 64)[1])
+    odd_rows = mx.array(np.ones((3, 16), dtype=np.float32))  # int8 calls come with 4M rows
+    out = mx.addmm(layer.scales, odd_rows, layer.packed, alpha=layer._alpha, beta=1.0)
+    assert np.isnan(np.array(out)).all()
+
+
+def test_a_loaded_pair_rounds_the_draft_only_and_greedy_output_is_unchanged(tmp_path):
+    target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
+    draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
+    pair = mlxspec.load(target, draft_dir)
+    layers = [m for _, m in pair.draft.named_modules() if isinstance(m, PackedLinear)]
+    assert layers and all(isinstance(m, Int8Linear) for m in layers)
+    assert not any(isinstance(m, Int8Linear) for _, m in pair.target.named_modules())
+    assert packed_weights.layout(pair.draft) == "packed i8" and packed_weights.layout(pair.target) == "packed f16"
+    for prompt in ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41"):
+        plain = mlxspec.generate(pair, prompt, drafter="none", max_tokens=24, chat_template=False).tokens
+        for tree in (True, False):
+            before = small_gemm.packed_calls()
+            spec = mlxspec.generate(pair, prompt, max_tokens=24, chat_template=False, tree=tree, num_draft=3)
+            assert spec.tokens == plain and small_gemm.packed_calls() > before
+            assert spec.stats.draft_accepted > 0
+
+
+def test_turned_off_by_environment(tmp_path, monkeypatch):
+    target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
+    draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
+    monkeypatch.setenv(draft_weights.ENV, "0")
+    assert packed_weights.layout(mlxspec.load(target, draft_dir).draft) == "packed f16"
+
+
+@pytest.fixture(scope="module")
+def coarse():
+    """(target, exact draft, the same draft rounded to three levels per column: q in {-1, 0, 1})."""
+    cfg = tiny_models.config_for("llama", vocab_size=8, hidden=32, ffn=64)
+    target = tiny_models.build(cfg, seed=3, scale=1.5)
+    exact, rounded = tiny_models.build(cfg, seed=4, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
+    old, draft_weights.QMAX = draft_weights.QMAX, 1
+    try:
+        assert draft_weights.prepare(rounded) > 0
+    finally:
+        draft_weights.QMAX = old
+    return target, exact, rounded
+
+
+def test_a_rounded_draft_keeps_the_target_distribution(coarse):
+    target, _, rounded = coarse
+    probs = exact_sequence_probs(target, OTHER_PARAMS)
+    counts, accepted = sample_sequences(target, rounded, OTHER_PARAMS)
+    assert accepted > SAMPLES // 4
+    stat, df, pval = chi_square(counts, probs, SAMPLES)
+    print(f"rounded draft: chi2={stat:.1f} df={df} p={pval:.3g} accepted={accepted}")
+    assert pval > 1e-3, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+class ReportsUnroundedQ(ModelDrafter):
+    """The control: tokens drawn from the rounded draft, q reported from the exact one."""
+
+    def __init__(self, rounded, exact):
+        super().__init__(rounded)
+        self.exact = exact
+
+    def propose(self, history, k, params, key, rnd=None):
+        prop = super().propose(history, k, params, key, rnd)
+        if prop.q is not None and len(prop.tokens):
+            seq = list(history) + list(prop.tokens)
+            n = len(history)
+            logits = self.exact(mx.array(seq)[None])[0, n - 1: n - 1 + len(prop.tokens)]
+            lp = process_logits(logits, params, [seq[: n + i] for i in range(len(prop.tokens))])
+            prop.q = mx.exp(lp)
+        return prop
+
+
+def test_chi_square_fails_when_q_comes_from_the_unrounded_draft(coarse):
+    target, exact, rounded = coarse
+    probs = exact_sequence_probs(target, OTHER_PARAMS)
+    counts, _ = sample_sequences(target, ReportsUnroundedQ(rounded, exact), OTHER_PARAMS)
+    stat, df, pval = chi_square(counts, probs, SAMPLES)
+    print(f"q from the unrounded draft: chi2={stat:.1f} df={df} p={pval:.3g}")
+    assert pval < 1e-3, f"q from the unrounded draft went unnoticed: chi2={stat:.1f} df={df} p={pval:.2e}"
