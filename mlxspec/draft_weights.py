@@ -102,9 +102,18 @@ class Int8Linear(PackedLinear):
 
     def take_columns(self, ids) -> "Int8Linear":
         """An Int8Linear of the output columns `ids` (no bias), from the stored q and s."""
+        K, N = self.in_dims, self.out_dims
         ids = np.asarray(ids, dtype=np.int64)
-        q, s = self.q()[ids], np.asarray(self.scales)[ids]
-        return Int8Linear(_as_float32(to_blocks(q), self.in_dims, len(ids)), mx.array(s), self.in_dims, len(ids))
+        flat = np.asarray(memoryview(self.packed)).reshape(-1).view(np.uint8)
+        full = N // NB * NB
+        u = np.empty((len(ids), K // 4, 4), dtype=np.uint8)
+        inside = ids < full  # gathered from the blocks, without unpacking the rest
+        u[inside] = flat[:full * K].reshape(N // NB, K // 4, NB, 4)[ids[inside] // NB, :, ids[inside] % NB, :]
+        if not inside.all():
+            u[~inside] = flat[full * K:].reshape(K // 4, N - full, 4)[:, ids[~inside] - full, :].transpose(1, 0, 2)
+        q = (u.reshape(len(ids), K).astype(np.int16) - 128).astype(np.int8)
+        s = np.asarray(self.scales)[ids]
+        return Int8Linear(_as_float32(to_blocks(q), K, len(ids)), mx.array(s), K, len(ids))
 
     def __call__(self, x: mx.array) -> mx.array:
         """(x @ q) x s + bias: each row of x passed as four quarter rows (the int8 weight
