@@ -21,21 +21,20 @@ MLXSPEC_DRAFT_INT8=0 keeps the draft's weights as they are (packed_weights.py).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import packed_weights
+from . import packed_weights, small_gemm
 from .packed_weights import NB, PackedLinear
 
 ENV = "MLXSPEC_DRAFT_INT8"  # "0": the draft keeps its exact weights
 FMT = "i8"
 QMAX = 127  # symmetric: q in [-QMAX, QMAX]
 QB = 32  # draft_gemm.c's activation block: the in-dimension must be a multiple
-
-_checked: dict[str, bool] = {}
 
 
 def wanted() -> bool:
@@ -63,13 +62,17 @@ def to_blocks(q: np.ndarray) -> np.ndarray:
     return np.concatenate([main, tail])
 
 
-def from_blocks(flat: np.ndarray, K: int, N: int) -> np.ndarray:
-    """The inverse of `to_blocks`: int8 (out N, in K)."""
+def from_blocks(flat: np.ndarray, K: int, N: int, ids=None) -> np.ndarray:
+    """The inverse of `to_blocks`: int8 (out N, in K), or only the outputs `ids`, gathered
+    from the blocks without unpacking the rest."""
+    ids = np.arange(N) if ids is None else np.asarray(ids, dtype=np.int64)
     full = N // NB * NB
-    u = np.empty((N, K), dtype=np.uint8)
-    u[:full] = flat[:full * K].reshape(N // NB, K // 4, NB, 4).transpose(0, 2, 1, 3).reshape(full, K)
-    u[full:] = flat[full * K:].reshape(K // 4, N - full, 4).transpose(1, 0, 2).reshape(N - full, K)
-    return (u.astype(np.int16) - 128).astype(np.int8)
+    u = np.empty((len(ids), K // 4, 4), dtype=np.uint8)
+    inside = ids < full
+    u[inside] = flat[:full * K].reshape(N // NB, K // 4, NB, 4)[ids[inside] // NB, :, ids[inside] % NB, :]
+    if not inside.all():
+        u[~inside] = flat[full * K:].reshape(K // 4, N - full, 4)[:, ids[~inside] - full, :].transpose(1, 0, 2)
+    return (u.reshape(len(ids), K).astype(np.int16) - 128).astype(np.int8)
 
 
 def _as_float32(flat: np.ndarray, K: int, N: int) -> mx.array:
@@ -91,10 +94,10 @@ class Int8Linear(PackedLinear):
         q, s = quantise(w)
         return cls(_as_float32(to_blocks(q), K, N), mx.array(s), K, N, bias)
 
-    def q(self) -> np.ndarray:
-        """The stored int8 weight, (out, in)."""
+    def q(self, ids=None) -> np.ndarray:
+        """The stored int8 weight, (out, in): all outputs, or those in `ids`."""
         flat = np.asarray(memoryview(self.packed)).reshape(-1).view(np.uint8)
-        return from_blocks(flat, self.in_dims, self.out_dims)
+        return from_blocks(flat, self.in_dims, self.out_dims, ids)
 
     def wt(self) -> mx.array:
         """The weight the kernel rounds to, (in, out) float32: q x s."""
@@ -102,51 +105,29 @@ class Int8Linear(PackedLinear):
 
     def take_columns(self, ids) -> "Int8Linear":
         """An Int8Linear of the output columns `ids` (no bias), from the stored q and s."""
-        K, N = self.in_dims, self.out_dims
-        ids = np.asarray(ids, dtype=np.int64)
-        flat = np.asarray(memoryview(self.packed)).reshape(-1).view(np.uint8)
-        full = N // NB * NB
-        u = np.empty((len(ids), K // 4, 4), dtype=np.uint8)
-        inside = ids < full  # gathered from the blocks, without unpacking the rest
-        u[inside] = flat[:full * K].reshape(N // NB, K // 4, NB, 4)[ids[inside] // NB, :, ids[inside] % NB, :]
-        if not inside.all():
-            u[~inside] = flat[full * K:].reshape(K // 4, N - full, 4)[:, ids[~inside] - full, :].transpose(1, 0, 2)
-        q = (u.reshape(len(ids), K).astype(np.int16) - 128).astype(np.int8)
-        s = np.asarray(self.scales)[ids]
-        return Int8Linear(_as_float32(to_blocks(q), K, len(ids)), mx.array(s), K, len(ids))
+        q, s = self.q(ids), np.asarray(self.scales)[np.asarray(ids, dtype=np.int64)]
+        return Int8Linear(_as_float32(to_blocks(q), self.in_dims, len(q)), mx.array(s), self.in_dims, len(q))
 
-    def __call__(self, x: mx.array) -> mx.array:
-        """(x @ q) x s + bias: each row of x passed as four quarter rows (the int8 weight
-        is a (K/4, N) float32 array), the first quarter of the result kept."""
-        lead = x.shape[:-1]
-        rows = 1
-        for d in lead:
-            rows *= d
-        quarters = x.reshape(4 * rows, self.in_dims // 4)
-        y = mx.addmm(self.scales, quarters, self.packed, alpha=self._alpha, beta=1.0)[:rows]
-        if "bias" in self:
-            y = y + self["bias"]
-        return y.reshape(*lead, self.out_dims)
+    def product_c(self) -> tuple[mx.array, float]:
+        """addmm's C and beta: each column's scale, which the kernel multiplies by."""
+        return self.scales, 1.0
 
 
+@functools.cache
 def works() -> bool:
     """Does the kernel compute int8 products as documented (checked once, on a small product,
     against the same rounding done here in float64)?"""
-    if FMT not in _checked:
-        if not packed_weights.available() or not packed_weights._kernel_formats() & packed_weights.FORMAT_BIT[FMT]:
-            _checked[FMT] = False
-            return False
-        rng = np.random.default_rng(0)
-        K, N = 4 * QB, 2 * NB + 7  # two full blocks and a narrow one
-        w = rng.standard_normal((N, K)).astype(np.float32)
-        layer = Int8Linear.from_rows(w)
-        q, s = quantise(w)
-        x = rng.standard_normal((3, 2, K)).astype(np.float32)
-        want = reference(x, q, s)
-        got, one = np.array(layer(mx.array(x))), np.array(layer(mx.array(x[0, 0])))
-        _checked[FMT] = bool(np.allclose(got, want, rtol=1e-4, atol=1e-4)
-                             and np.allclose(one, want[0, 0], rtol=1e-4, atol=1e-4))
-    return _checked[FMT]
+    if not packed_weights.available() or not small_gemm.formats() & packed_weights.FORMAT_BIT[FMT]:
+        return False
+    rng = np.random.default_rng(0)
+    K, N = 4 * QB, 2 * NB + 7  # two full blocks and a narrow one
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    layer = Int8Linear.from_rows(w)
+    q, s = quantise(w)
+    x = rng.standard_normal((3, 2, K)).astype(np.float32)
+    want = reference(x, q, s)
+    got, one = np.array(layer(mx.array(x))), np.array(layer(mx.array(x[0, 0])))
+    return bool(np.allclose(got, want, rtol=1e-4, atol=1e-4) and np.allclose(one, want[0, 0], rtol=1e-4, atol=1e-4))
 
 
 def rounded_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
