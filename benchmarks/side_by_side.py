@@ -14,14 +14,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def arguments(doc: str, prompts: str, max_tokens: int, out: str) -> argparse.Namespace:
-    """The options every side-by-side script takes, with its own defaults."""
+def arguments(doc: str, prompts: str, max_tokens: int, out: str, repeats: int = 3,
+              **counts: int) -> argparse.Namespace:
+    """The options every side-by-side script takes, with its own defaults; `counts`: a
+    script's own integer options (name: default)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--suite", default="code")
     ap.add_argument("--prompts", type=str, default=prompts,
                     help="prompt ids of the suite, comma-separated, or 0 for all")
     ap.add_argument("--max-tokens", type=int, default=max_tokens)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=repeats)
+    for name, default in counts.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--out", type=Path, default=Path(out))
     return ap.parse_args()
 

@@ -84,6 +84,7 @@ class TreeBlock:
         self.parents: list[int] = []  # block index of each node's parent; -1: the committed prefix
         self.depth: list[int] = []
         self.ancestors: list[int] = []  # bitsets over block indices (self included)
+        self.chain = True  # every node so far is its predecessor's child (the first the prefix's)
 
     def __len__(self):
         return len(self.tokens)
@@ -93,7 +94,10 @@ class TreeBlock:
         nodes, or nodes earlier in this call), -1 for the committed prefix.
         `width`: run the call over that many positions, padded with nodes no other
         node sees (a wider pass can cost less, cost_model.CostModel.pad_width); they
-        take block indices after these nodes and are never committed."""
+        take block indices after these nodes and are never committed.  While the
+        block is one chain from the prefix (a draft's root forward with lookup's
+        spine, a level that feeds one node), the model's own causal call computes
+        exactly the tree call's result at less cost (`_causal`)."""
         n = len(tokens)
         pad = max(0, (width or 0) - n)
         if pad:
@@ -104,12 +108,17 @@ class TreeBlock:
             if not -1 <= p < len(self.tokens):
                 raise ValueError(f"parent {p} is not an earlier node of the block")
             i = len(self.tokens)
+            self.chain = self.chain and p == i - 1
             self.tokens.append(t)
             self.parents.append(p)
             self.depth.append(1 + (self.depth[p] if p >= 0 else 0))
             self.ancestors.append((self.ancestors[p] if p >= 0 else 0) | (1 << i))
-        positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
-        logits = self._call(mx.array(tokens, dtype=mx.uint32), self._mask(first), positions)
+        x = mx.array(tokens, dtype=mx.uint32)
+        if self.chain:
+            logits = self._causal(x)
+        else:
+            positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
+            logits = self._call(x, self._mask(first), positions)
         return logits[:n] if pad else logits
 
     def _mask(self, first: int) -> mx.array:
@@ -117,6 +126,17 @@ class TreeBlock:
         total = len(self.tokens)
         bits = np.array([[(a >> j) & 1 for j in range(total)] for a in self.ancestors[first:]], dtype=bool)
         return mx.array(np.concatenate([np.ones((total - first, self.base), dtype=bool), bits], axis=1))
+
+    def _causal(self, x):
+        """The block so far is one chain from the prefix: each node's ancestors are
+        exactly the block positions before it and its RoPE position is its cache
+        offset, so the model's own causal call is the tree call (tests check both
+        against chain forwards of each path)."""
+        state = self.state
+        state.fed += x.size
+        logits = state.model(x.reshape(1, -1), cache=state.cache)[0]
+        state.positions += x.size
+        return logits
 
     def _call(self, x, mask, positions):
         state = self.state
@@ -153,4 +173,5 @@ class TreeBlock:
         self.state.tokens.extend(self.tokens[j] for j in path)
         self.state.fed = base + n
         self.tokens, self.parents, self.depth, self.ancestors = [], [], [], []
+        self.chain = True
         self.base += n

@@ -106,3 +106,35 @@ def test_abandoned_block_is_dropped_by_sync():
     assert state.sync([1, 2, 3, 7]) == [7]
     np.testing.assert_allclose(np.array(state.forward([7])[-1]), np.array(chain_logits(model, [1, 2, 3, 7])[-1]),
                                atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_a_chain_shaped_block_takes_the_causal_call_until_it_branches(arch, monkeypatch):
+    """While every node is its predecessor's child, the block runs the model's own causal
+    call (cheaper); once a node branches off, every later call of the block needs the tree
+    mask -- even a call that is a chain itself, since the cache then holds a sibling -- until
+    the commit makes the block empty again.  Each node's logits are its path's."""
+    model = model_for(arch)
+    prefix = [3, 9, 27, 17]
+    state = ModelState(model)
+    state.forward(prefix)
+    block = TreeBlock(state)
+    calls = []
+    tree_call, causal = TreeBlock._call, TreeBlock._causal
+    monkeypatch.setattr(TreeBlock, "_call", lambda self, *a: (calls.append("tree"), tree_call(self, *a))[1])
+    monkeypatch.setattr(TreeBlock, "_causal", lambda self, *a: (calls.append("causal"), causal(self, *a))[1])
+
+    def check(logits, paths):
+        for row, path in zip(logits, paths):
+            ref = chain_logits(model, prefix + path)[-1]
+            np.testing.assert_allclose(np.array(row), np.array(ref), atol=2e-4, rtol=1e-4)
+
+    check(block.forward([5, 6], [-1, 0]), [[5], [5, 6]])  # a chain
+    check(block.forward([7], [1]), [[5, 6, 7]])  # still one
+    check(block.forward([8], [1]), [[5, 6, 8]])  # 8 is 7's sibling
+    check(block.forward([9, 10], [3, 4]), [[5, 6, 8, 9], [5, 6, 8, 9, 10]])  # a chain under 8: must not see 7
+    assert calls == ["causal", "causal", "tree", "tree"]
+    block.commit([0, 1, 3])
+    prefix += [5, 6, 8]
+    check(block.forward([11], [-1]), [[11]])
+    assert calls[-1] == "causal"

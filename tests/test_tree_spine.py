@@ -30,16 +30,18 @@ def wide(max_k=8):
 
 
 def draft_forwards(monkeypatch, state) -> list:
-    """Widths of the forwards `state` (a draft's ModelState) makes through tree blocks."""
+    """Widths of the forwards `state` (a draft's ModelState) makes through tree blocks
+    (a tree call, or the causal call of a block that is one chain)."""
     widths = []
-    call = TreeBlock._call
+    call, causal = TreeBlock._call, TreeBlock._causal
 
-    def counted(self, x, mask, positions):
+    def counted(self, x, *args):
         if self.state is state:
             widths.append(x.size)
-        return call(self, x, mask, positions)
+        return (call if args else causal)(self, x, *args)
 
     monkeypatch.setattr(TreeBlock, "_call", counted)
+    monkeypatch.setattr(TreeBlock, "_causal", counted)
     return widths
 
 
