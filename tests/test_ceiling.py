@@ -1,12 +1,11 @@
 """benchmarks/ceiling.py: its oracle is exact on cases worked by hand, and no real
 draft-length policy played on the same outcomes beats it."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
+from bench_util import load_benchmark
 from mlxspec import draft_length
 from mlxspec.cost_model import CostModel
 
@@ -16,11 +15,7 @@ CM = CostModel(draft_step=0.31, verify=[1.0, 1.16, 1.32, 1.49, 1.5, 1.52, 1.52, 
 
 @pytest.fixture(scope="module")
 def ceiling():
-    path = Path(__file__).parents[1] / "benchmarks" / "ceiling.py"
-    spec = importlib.util.spec_from_file_location("bench_ceiling", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ceiling")
 
 
 def test_the_oracle_on_cases_worked_by_hand(ceiling):

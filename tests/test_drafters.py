@@ -122,13 +122,9 @@ def test_lookup_on_the_benchmarks_code_edit():
     """SmolLM2-135M on benchmarks/drafters.py's code-editing prompt (rename an attribute,
     reply with the code): most of the answer is drafted by lookup from the prompt,
     token-identical to plain decoding."""
-    import importlib.util
-    from pathlib import Path
+    from bench_util import load_benchmark
 
-    path = Path(__file__).parents[1] / "benchmarks" / "drafters.py"
-    spec = importlib.util.spec_from_file_location("bench_drafters", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("drafters")
     pair = mlxspec.load("smollm2-135m")
     plain = mlxspec.generate(pair, bench.EDIT_PROMPT, max_tokens=40, drafter="none", chat_template=True)
     res = mlxspec.generate(pair, bench.EDIT_PROMPT, max_tokens=40, drafter="lookup", num_draft=6,

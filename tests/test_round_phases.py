@@ -2,12 +2,10 @@
 chains (one target forward per round, the draft's forwards, a tree's
 distributions and commits), leave the output unchanged, and are removed again."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 import test_greedy_equality as ge
+from bench_util import load_benchmark
 from mlxspec import cache, speculative, tree_attention, tree_drafter, tree_round
 from mlxspec.cost_model import assumed
 from mlxspec.draft_length import PerToken
@@ -17,11 +15,7 @@ from mlxspec.speculative import SpeculativeDecoder
 
 @pytest.fixture(scope="module")
 def round_phases():
-    path = Path(__file__).parents[1] / "benchmarks" / "round_phases.py"
-    spec = importlib.util.spec_from_file_location("bench_round_phases", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("round_phases")
 
 
 def originals():
