@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -10,6 +11,12 @@ CALIBRATION_TMP = None
 if "MLXSPEC_CALIBRATION_DIR" not in os.environ:
     CALIBRATION_TMP = tempfile.mkdtemp(prefix="mlxspec-calibration-")
     os.environ["MLXSPEC_CALIBRATION_DIR"] = CALIBRATION_TMP
+
+# A suite started as a background job of a non-interactive shell (`cmd &` in a script) gets SIGINT
+# ignored, and every child would inherit that: the Ctrl-C tests send their children SIGINT as a
+# terminal would, so they take it as a user's process does.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import mlxspec  # noqa: E402,F401  (preloads OpenBLAS before mlx.core)
 import pytest  # noqa: E402
