@@ -131,12 +131,9 @@ class TreeBlock:
         """The block so far is one chain from the prefix: each node's ancestors are
         exactly the block positions before it and its RoPE position is its cache
         offset, so the model's own causal call is the tree call (tests check both
-        against chain forwards of each path)."""
-        state = self.state
-        state.fed += x.size
-        logits = state.model(x.reshape(1, -1), cache=state.cache)[0]
-        state.positions += x.size
-        return logits
+        against chain forwards of each path): the state's own call (trees need full KV
+        caches, so it records no checkpoint)."""
+        return self.state._call(x)
 
     def _call(self, x, mask, positions):
         state = self.state

@@ -122,8 +122,6 @@ def widths_fed(monkeypatch):
     monkeypatch.setattr(ModelState, "_call", spy)
     monkeypatch.setattr(TreeBlock, "_call", lambda self, x, m, p, _r=TreeBlock._call: (seen.append(x.size),
                                                                                         _r(self, x, m, p))[1])
-    monkeypatch.setattr(TreeBlock, "_causal", lambda self, x, _r=TreeBlock._causal: (seen.append(x.size),
-                                                                                    _r(self, x))[1])
     return seen
 
 
