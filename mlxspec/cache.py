@@ -56,6 +56,7 @@ class ModelState:
         self.positions = 0  # forward positions computed, for tests and stats
         self.refed = 0  # of which fed again after a recurrent rollback (recurrent.py)
         self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
+        self.compiled = None  # compiled_forward.CompiledForward: a draft model's compiled calls
         self.reset()
 
     def sync(self, history: list[int]) -> list[int]:
@@ -116,9 +117,13 @@ class ModelState:
         """Padded positions cost only a trim here: no recurrent layers, no bounded window."""
         return not self.checkpoints and self.max_kv_size is None
 
-    def _call(self, x: mx.array) -> mx.array:
+    def _call(self, x: mx.array, tree=None) -> mx.array:
+        """`tree`: a tree block's (positions, mask), for a compiled call (tree_attention.py)."""
         self.fed += x.size  # first: an interrupted call still counts as fed, and is rolled back
-        logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
+        if self.compiled is not None and self.compiled.takes(x.size):
+            logits = self.compiled(x, tree)
+        else:
+            logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
         if self.checkpoints:
             self.checkpoints.record(self.fed)
         self.positions += x.size

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import kernel_ops
+from . import compiled_forward, kernel_ops
 from .cache import ModelState, common_prefix
 from .draft_length import Round
 from .errors import MlxspecError
@@ -78,6 +78,7 @@ class ModelDrafter(Drafter):
     def __init__(self, model, p_min: float = 0.0, subset=None, max_kv_size: int | None = None):
         self.subset = subset  # vocab_subset.SubsetHead or None
         self.state = ModelState(subset.model if subset is not None else model, max_kv_size)
+        compiled_forward.attach(self.state)  # the draft's forwards, compiled where they can be
         self.p_min = p_min
         self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}"
 

@@ -41,6 +41,7 @@ MLXSPEC_LEAN=0 turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import mlx.core as mx
@@ -68,6 +69,17 @@ class RopeTables:
         self.dims, self.traditional = dims, traditional
         self.inv_freq = scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
         self._key, self._value = None, None
+        self.given = None  # (C, S) while a compiled forward is traced (compiled_forward.py)
+
+    @contextlib.contextmanager
+    def giving(self, cos: mx.array, sin: mx.array):
+        """While open, every LeanRope of these tables rotates by `cos` and `sin`
+        ((positions, d) arrays: a compiled forward's inputs), whatever its offset."""
+        self.given = (cos, sin)
+        try:
+            yield
+        finally:
+            self.given = None
 
     def tables(self, key, positions: np.ndarray, d: int) -> tuple[mx.array, mx.array]:
         """(C, S), each (len(positions), d): cos / sin per rotated feature, 1 / 0 after `dims`."""
@@ -98,11 +110,14 @@ class LeanRope(nn.Module):
         self._tables = tables
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
+        t = self._tables
+        if t.given is not None:
+            c, s = t.given
+            return x * c + _partners(x, self.dims, self.traditional) * s
         if x.dtype != mx.float32:  # the tables are float32: other dtypes keep MLX's own RoPE
             return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                                 offset=offset)
         d, n = x.shape[-1], x.shape[-2]
-        t = self._tables
         if isinstance(offset, mx.array) and offset.ndim == 1:  # one offset per batch row
             first = np.array(offset, dtype=np.int64)
             positions = (first[:, None] + np.arange(n)[None]).reshape(-1)

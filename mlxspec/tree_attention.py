@@ -117,15 +117,19 @@ class TreeBlock:
         if self.chain:
             logits = self._causal(x)
         else:
-            positions = mx.array([self.base + d - 1 for d in self.depth[first:]], dtype=mx.int32)
-            logits = self._call(x, self._mask(first), positions)
+            positions = np.array([self.base + d - 1 for d in self.depth[first:]], dtype=np.int32)
+            mask = self._mask(first)
+            if self.state.compiled is not None and self.state.compiled.takes(x.size):
+                logits = self.state._call(x, (positions, mask))  # compiled_forward.py: mask and positions are inputs
+            else:
+                logits = self._call(x, mx.array(mask), mx.array(positions))
         return logits[:n] if pad else logits
 
-    def _mask(self, first: int) -> mx.array:
+    def _mask(self, first: int) -> np.ndarray:
         """Rows for block nodes `first`.. : the committed prefix, and each node's ancestors and itself."""
         total = len(self.tokens)
         bits = np.array([[(a >> j) & 1 for j in range(total)] for a in self.ancestors[first:]], dtype=bool)
-        return mx.array(np.concatenate([np.ones((total - first, self.base), dtype=bool), bits], axis=1))
+        return np.concatenate([np.ones((total - first, self.base), dtype=bool), bits], axis=1)
 
     def _causal(self, x):
         """The block so far is one chain from the prefix: each node's ancestors are

@@ -1,0 +1,140 @@
+"""Compiled draft forwards (mlxspec/compiled_forward.py): a compiled call computes
+what the model's own call computes (to float32 rounding) through chain steps,
+rollbacks, cache growth and tree blocks; positions left behind by a rollback are
+never read; the draft of a loaded pair uses it and speculative decoding stays
+equal to plain decoding; it is off where it cannot run."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxspec
+import tiny_models
+from mlxspec import api, compiled_forward
+from mlxspec.cache import ModelState
+from mlxspec.compiled_forward import CompiledForward
+from mlxspec.tree_attention import TreeBlock
+from test_lean_ops import ARCHS, lean_model
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many compiled calls ran."""
+    count = {"n": 0}
+    original = CompiledForward.__call__
+
+    def counted(self, *args):
+        count["n"] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(CompiledForward, "__call__", counted)
+    return count
+
+
+def _pair_of_states(model):
+    plain, fast = ModelState(model), ModelState(model)
+    assert compiled_forward.attach(fast) and plain.compiled is None
+    return plain, fast
+
+
+def _same(a, b):
+    mx.eval(a, b)
+    np.testing.assert_allclose(np.array(a), np.array(b), **TOL)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_chain_steps_rollbacks_and_growth_match_the_models_call(arch, calls):
+    model = lean_model(arch)
+    plain, fast = _pair_of_states(model)
+    rng = np.random.default_rng(0)
+    history = [int(t) for t in rng.integers(3, 64, 240)]
+    for s in (plain, fast):
+        s.prefill(history)
+    while len(history) < 300:  # crosses the caches' first 256-position allocation
+        width = int(rng.integers(1, 6))
+        new = [int(t) for t in rng.integers(3, 64, width)]
+        _same(plain.forward(plain.sync(history) + new), fast.forward(fast.sync(history) + new))
+        keep = int(rng.integers(0, width + 1))  # a rejected draft: the rest is rolled back
+        history = history + new[:keep] + [int(rng.integers(3, 64))]
+    assert fast.cache[0].keys.shape[2] > 256 and calls["n"] > 10
+    assert fast.cache[0].offset == plain.cache[0].offset
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tree_blocks_match_the_models_tree_call(arch, calls):
+    model = lean_model(arch)
+    plain, fast = _pair_of_states(model)
+    rng = np.random.default_rng(1)
+    history = [int(t) for t in rng.integers(3, 64, 20)]
+    for s in (plain, fast):
+        s.prefill(history)
+    for _ in range(4):
+        pending = [s.sync(history) for s in (plain, fast)][0]
+        assert pending == history[-1:]
+        blocks = [TreeBlock(s) for s in (plain, fast)]
+        parents = [-1, 0, 1, 1, 2, 3, 3]  # the pending token, then branches: the tree path
+        tokens = pending + [int(t) for t in rng.integers(3, 64, len(parents) - 1)]
+        _same(*[b.forward(tokens, parents) for b in blocks])
+        more = [int(t) for t in rng.integers(3, 64, 2)]
+        _same(*[b.forward(more, [5, 6]) for b in blocks])  # a second level under nodes 5 and 6
+        path = [0, 1, 3, 5, 7]
+        for b in blocks:
+            b.commit(path)
+        history = history + [tokens[1], tokens[3], tokens[5], more[0]]
+        assert fast.tokens == plain.tokens == history
+    assert calls["n"] >= 8
+
+
+def test_positions_left_by_a_rollback_are_never_read():
+    model = lean_model("qwen2")
+    plain, fast = _pair_of_states(model)
+    history = list(range(3, 40))
+    for s in (plain, fast):
+        s.prefill(history)
+        s.forward(s.sync(history) + [5, 6, 7, 8])  # drafts, then rejected
+        s.sync(history)
+    for c in fast.cache:  # what a rollback leaves behind the offset: poison it
+        c.keys[..., c.offset:, :] = 1e4
+        c.values[..., c.offset:, :] = 1e4
+    _same(plain.forward(plain.sync(history) + [9]), fast.forward(fast.sync(history) + [9]))
+
+
+def test_a_new_model_object_is_traced_again():
+    """A pruned head widened by a conversation is a new view of the draft: its
+    compiled call must use that view, not the first one traced."""
+    first, second = lean_model("llama", seed=3), lean_model("llama", seed=4)
+    state = ModelState(first)
+    compiled_forward.attach(state)
+    state.prefill([3, 4, 5, 6])
+    state.forward(state.sync([3, 4, 5, 6]))
+    state.model = second
+    state.reset()
+    reference = ModelState(second)
+    for s in (state, reference):
+        s.prefill([3, 4, 5, 6])
+    _same(reference.forward(reference.sync([3, 4, 5, 6])), state.forward(state.sync([3, 4, 5, 6])))
+
+
+def test_off_where_it_cannot_run(monkeypatch):
+    lean = lean_model("qwen2")
+    assert compiled_forward.unusable(ModelState(lean)) is None
+    assert "lean layers are off" in compiled_forward.unusable(ModelState(tiny_models.make_model("qwen2")))
+    assert "bounded" in compiled_forward.unusable(ModelState(lean, max_kv_size=64))
+    monkeypatch.setenv(compiled_forward.ENV, "0")
+    state = ModelState(lean)
+    assert not compiled_forward.attach(state) and state.compiled is None
+
+
+def test_the_draft_of_a_loaded_pair_is_compiled_and_output_equals_plain(tmp_path, calls):
+    pair = mlxspec.load(tiny_models.f16_model_dir(tmp_path / "t", "qwen2"),
+                        tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1))
+    assert api.make_decoder(pair).drafter.state.compiled is not None
+    assert api.make_decoder(pair).target.compiled is None  # the target is never compiled
+    for prompt in ("w1 w2 w3", "w7 w7 w7 w7 w9"):
+        plain = mlxspec.generate(pair, prompt, drafter="none", max_tokens=24, chat_template=False).tokens
+        for tree in (True, False):
+            spec = mlxspec.generate(pair, prompt, max_tokens=24, chat_template=False, tree=tree, num_draft=3)
+            assert spec.tokens == plain and spec.stats.draft_accepted > 0
+    assert calls["n"] > 0
