@@ -88,11 +88,16 @@ def _head_dim(model) -> int | None:
     return getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
 
 
+def wanted() -> bool:
+    """Not turned off (a calibration measured with compiled draft steps is another one)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
 def unusable(state) -> str | None:
     """None when `state`'s forwards can be compiled; else why not (one phrase)."""
     from .tree_attention import tree_support
 
-    if os.environ.get(ENV, "1") == "0":
+    if not wanted():
         return f"{ENV}=0"
     if state.max_kv_size is not None or state.checkpoints:
         return "the cache is bounded or recurrent"

@@ -287,6 +287,7 @@ def cache_key(pair, drafter) -> str | None:
     no folder to identify them (built in memory): those are not cached."""
     from .backend import describe
     from .blas_layout import layout
+    from .compiled_forward import wanted as compiled_wanted
     from .lean_ops import applied
     from .small_gemm import build_id
 
@@ -304,7 +305,8 @@ def cache_key(pair, drafter) -> str | None:
              "layout": [layout(getattr(pair, "target", None)),  # blas_layout.py
                         layout(getattr(pair, "draft", None)) if draft else None],
              "lean": [applied(getattr(pair, "target", None)),  # lean_ops.py
-                      applied(getattr(pair, "draft", None)) if draft else None]}
+                      applied(getattr(pair, "draft", None)) if draft else None],
+             "compiled_draft": compiled_wanted() if draft else None}  # compiled_forward.py
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

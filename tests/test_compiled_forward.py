@@ -138,3 +138,13 @@ def test_the_draft_of_a_loaded_pair_is_compiled_and_output_equals_plain(tmp_path
             spec = mlxspec.generate(pair, prompt, max_tokens=24, chat_template=False, tree=tree, num_draft=3)
             assert spec.tokens == plain and spec.stats.draft_accepted > 0
     assert calls["n"] > 0
+
+
+def test_a_calibration_belongs_to_compiled_or_uncompiled_draft_steps(tiny_pair_dirs, monkeypatch):
+    from mlxspec import cost_model
+    from mlxspec.drafters import ModelDrafter
+
+    pair = mlxspec.load(*tiny_pair_dirs)
+    key = cost_model.cache_key(pair, ModelDrafter(pair.draft))
+    monkeypatch.setenv(compiled_forward.ENV, "0")
+    assert key is not None and cost_model.cache_key(pair, ModelDrafter(pair.draft)) != key
