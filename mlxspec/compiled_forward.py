@@ -116,32 +116,50 @@ def attach(state) -> bool:
 
 
 class CompiledForward:
-    """Compiled forwards for one ModelState (see the module docstring)."""
+    """Compiled forwards for one ModelState (see the module docstring).  mx.compile
+    keeps every trace of a compiled function (one per shape); one function per cache
+    capacity, the last KEPT_CAPACITIES only, so that a long conversation, whose caches
+    keep growing, does not keep the traces of every size it went through (a trace
+    costs ~10 ms of a draft step the first time a width is called)."""
+
+    KEPT_CAPACITIES = 2
 
     def __init__(self, state):
         self.state = state
-        self._model, self._fn, self._tables, self._d = None, None, None, 0
+        self._model, self._fns, self._tables, self._d = None, {}, None, 0
 
     def takes(self, n: int) -> bool:
         """Can a call over `n` positions run compiled now (caches allocated, all plain KV caches)?"""
         cache = self.state.cache
         return 0 < n <= MAX_WIDTH and cache[0].keys is not None and all(type(c) is KVCache for c in cache)
 
-    def _compiled(self):
+    def _compiled(self, capacity: int):
         model = self.state.model
         if model is not self._model:
-            tables = _rope_tables(model)
-            if tables is None:
-                raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
+            self._fns.clear()
+        fn = self._fns.pop(capacity, None)
+        if fn is None:
+            fn = self._trace(model)
+        self._fns[capacity] = fn  # the most recent last
+        while len(self._fns) > self.KEPT_CAPACITIES:
+            del self._fns[next(iter(self._fns))]
+        return fn
 
-            def forward(x, cos, sin, at, mask, *kv):
-                slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
-                with tables.giving(cos, sin):
-                    logits = model(x, cache=slots)
-                return [logits] + [a for s in slots for a in (s.keys, s.values)]
+    def _trace(self, model):
+        """A new compiled forward of `model`, traced at its first call of each shape
+        (a new Python function each time: MLX keeps traces per function)."""
+        tables = _rope_tables(model)
+        if tables is None:
+            raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
+        self._model, self._tables, self._d = model, tables, _head_dim(model)
 
-            self._model, self._fn, self._tables, self._d = model, mx.compile(forward), tables, _head_dim(model)
-        return self._fn
+        def forward(x, cos, sin, at, mask, *kv):
+            slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
+            with tables.giving(cos, sin):
+                logits = model(x, cache=slots)
+            return [logits] + [a for s in slots for a in (s.keys, s.values)]
+
+        return mx.compile(forward)
 
     def _reserve(self, need: int) -> None:
         """Grow every cache to hold `need` positions, as KVCache.update_and_fetch would."""
@@ -160,11 +178,11 @@ class CompiledForward:
         """Logits (n, V) for the n tokens `x`, appended at the cache's offset.
         `tree`: (positions, mask) of a tree block's nodes -- numpy, the RoPE position of
         each and (n, offset + n) booleans over the cached positions; None: a causal call."""
-        fn = self._compiled()
         cache = self.state.cache
         n, o = x.size, cache[0].offset
         self._reserve(o + n)
         cap = cache[0].keys.shape[2]
+        fn = self._compiled(cap)
         mask = np.zeros((n, cap), dtype=bool)
         if tree is None:
             positions = np.arange(o, o + n)

@@ -148,3 +148,18 @@ def test_a_calibration_belongs_to_compiled_or_uncompiled_draft_steps(tiny_pair_d
     key = cost_model.cache_key(pair, ModelDrafter(pair.draft))
     monkeypatch.setenv(compiled_forward.ENV, "0")
     assert key is not None and cost_model.cache_key(pair, ModelDrafter(pair.draft)) != key
+
+
+def test_a_growing_cache_keeps_the_traces_of_its_last_capacities_only():
+    model = lean_model("llama")
+    plain, fast = _pair_of_states(model)
+    history = [3 + i % 50 for i in range(200)]
+    for s in (plain, fast):
+        s.prefill(history)
+    capacities = []
+    while len(history) < 800:  # 256, 512, 768, 1024 positions allocated in turn
+        history = history + [5, 6, 7]
+        _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
+        capacities.append(fast.cache[0].keys.shape[2])
+    assert sorted(set(capacities)) == [256, 512, 768, 1024]
+    assert list(fast.compiled._fns) == [768, 1024]
