@@ -24,8 +24,9 @@ positions.  Here both are inputs of the function:
 
 The model's own forward runs (its layers call the stand-in caches below as they
 call a `KVCache`): no architecture is re-implemented.  mx.compile keeps one
-trace per shape (positions, capacity) and retraces when the model object
-changes (a pruned head widened by a conversation's tokens is a new view).
+trace per shape (positions, capacity); a model whose computation changes (a
+pruned head widened by a conversation's tokens is a new view) gets a function
+of its own.
 Masked positions get a softmax weight of exactly 0, so they add exact zeros to
 the sums; tests check the logits against the uncompiled call.
 
@@ -45,6 +46,8 @@ import os
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
+
+from .views import View
 
 ENV = "MLXSPEC_COMPILED_DRAFT"  # "0": the draft's forwards run uncompiled
 MAX_WIDTH = 33  # positions per compiled call (a tree's widest pass); wider calls (prefill) run uncompiled
@@ -115,51 +118,58 @@ def attach(state) -> bool:
     return state.compiled is not None
 
 
-class CompiledForward:
-    """Compiled forwards for one ModelState (see the module docstring).  mx.compile
-    keeps every trace of a compiled function (one per shape); one function per cache
-    capacity, the last KEPT_CAPACITIES only, so that a long conversation, whose caches
-    keep growing, does not keep the traces of every size it went through (a trace
-    costs ~10 ms of a draft step the first time a width is called)."""
+KEPT = 4  # compiled functions kept in a process: the most recently used (model, cache capacity) pairs
 
-    KEPT_CAPACITIES = 2
 
-    def __init__(self, state):
-        self.state = state
-        self._model, self._fns, self._tables, self._d = None, {}, None, 0
+def _identity(model) -> tuple:
+    """What a forward of `model` computes: the model, or a view's base and overrides
+    (every pruned head of one subset shares its rows, vocab_subset.py)."""
+    if isinstance(model, View):
+        d = model.__dict__
+        return (id(d["_base"]),) + tuple(sorted((k, _identity(v) if isinstance(v, View) else id(v))
+                                                for k, v in d.items() if k != "_base"))
+    return (id(model),)
 
-    def takes(self, n: int) -> bool:
-        """Can a call over `n` positions run compiled now (caches allocated, all plain KV caches)?"""
-        cache = self.state.cache
-        return 0 < n <= MAX_WIDTH and cache[0].keys is not None and all(type(c) is KVCache for c in cache)
 
-    def _compiled(self, capacity: int):
-        model = self.state.model
-        if model is not self._model:
-            self._fns.clear()
-        fn = self._fns.pop(capacity, None)
-        if fn is None:
-            fn = self._trace(model)
-        self._fns[capacity] = fn  # the most recent last
-        while len(self._fns) > self.KEPT_CAPACITIES:
-            del self._fns[next(iter(self._fns))]
-        return fn
+_functions: dict = {}  # (identity, capacity) -> (model, compiled function, RoPE tables, head dim), oldest first
 
-    def _trace(self, model):
-        """A new compiled forward of `model`, traced at its first call of each shape
-        (a new Python function each time: MLX keeps traces per function)."""
+
+def _function(model, capacity: int) -> tuple:
+    """The compiled forward of `model` for caches of `capacity` positions.  mx.compile
+    keeps a trace per shape of a function (~10 ms to trace, the first time a width is
+    called), so functions are shared by every state of a model (a benchmark or a chat
+    that builds decoders anew traces once) and one per capacity, the last KEPT only:
+    a long conversation's caches keep growing, and each size's traces would stay."""
+    key = (_identity(model), capacity)
+    entry = _functions.pop(key, None)
+    if entry is None:
         tables = _rope_tables(model)
         if tables is None:
             raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
-        self._model, self._tables, self._d = model, tables, _head_dim(model)
 
-        def forward(x, cos, sin, at, mask, *kv):
+        def forward(x, cos, sin, at, mask, *kv):  # a new function: MLX keeps traces per function
             slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
             with tables.giving(cos, sin):
                 logits = model(x, cache=slots)
             return [logits] + [a for s in slots for a in (s.keys, s.values)]
 
-        return mx.compile(forward)
+        entry = (model, mx.compile(forward), tables, _head_dim(model))  # the model kept: its ids stay its own
+    _functions[key] = entry
+    while len(_functions) > KEPT:
+        del _functions[next(iter(_functions))]
+    return entry
+
+
+class CompiledForward:
+    """Compiled forwards for one ModelState (see the module docstring)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def takes(self, n: int) -> bool:
+        """Can a call over `n` positions run compiled now (caches allocated, all plain KV caches)?"""
+        cache = self.state.cache
+        return 0 < n <= MAX_WIDTH and cache[0].keys is not None and all(type(c) is KVCache for c in cache)
 
     def _reserve(self, need: int) -> None:
         """Grow every cache to hold `need` positions, as KVCache.update_and_fetch would."""
@@ -182,7 +192,7 @@ class CompiledForward:
         n, o = x.size, cache[0].offset
         self._reserve(o + n)
         cap = cache[0].keys.shape[2]
-        fn = self._compiled(cap)
+        _, fn, tables, d = _function(self.state.model, cap)
         mask = np.zeros((n, cap), dtype=bool)
         if tree is None:
             positions = np.arange(o, o + n)
@@ -191,7 +201,7 @@ class CompiledForward:
         else:
             positions, rows = tree
             mask[:, :rows.shape[1]] = rows
-        cos, sin = self._tables.tables(("at", positions.tobytes()), positions, self._d)
+        cos, sin = tables.tables(("at", positions.tobytes()), positions, d)
         kv = [a for c in cache for a in (c.keys, c.values)]
         out = fn(x.reshape(1, -1), cos, sin, mx.array([o], dtype=mx.int32), mx.array(mask), *kv)
         del kv

@@ -150,7 +150,8 @@ def test_a_calibration_belongs_to_compiled_or_uncompiled_draft_steps(tiny_pair_d
     assert key is not None and cost_model.cache_key(pair, ModelDrafter(pair.draft)) != key
 
 
-def test_a_growing_cache_keeps_the_traces_of_its_last_capacities_only():
+def test_a_growing_cache_keeps_the_functions_of_its_last_capacities_only(monkeypatch):
+    monkeypatch.setattr(compiled_forward, "KEPT", 2)
     model = lean_model("llama")
     plain, fast = _pair_of_states(model)
     history = [3 + i % 50 for i in range(200)]
@@ -162,4 +163,30 @@ def test_a_growing_cache_keeps_the_traces_of_its_last_capacities_only():
         _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
         capacities.append(fast.cache[0].keys.shape[2])
     assert sorted(set(capacities)) == [256, 512, 768, 1024]
-    assert list(fast.compiled._fns) == [768, 1024]
+    assert [cap for _, cap in compiled_forward._functions] == [768, 1024]
+
+
+def test_states_of_one_model_and_its_equal_views_share_a_function():
+    from mlxspec.views import View
+
+    model = lean_model("qwen2")
+    states = [ModelState(model), ModelState(View(model)), ModelState(View(model, lm_head=model.lm_head)),
+              ModelState(View(model, lm_head=lean_model("qwen2", seed=5).lm_head))]
+    used = []
+    for s in states:
+        compiled_forward.attach(s)
+        s.prefill([3, 4, 5])
+        s.forward(s.sync([3, 4, 5]))
+        used.append(compiled_forward._functions[compiled_forward._identity(s.model), 256][1])
+    assert used[0] is used[1]  # a view that overrides nothing computes what its model does
+    assert used[1] is not used[2] and used[2] is not used[3]  # a head of its own: a function of its own
+    again = ModelState(states[2].model)
+    compiled_forward.attach(again)
+    again.prefill([3, 4, 5])
+    again.forward(again.sync([3, 4, 5]))
+    assert compiled_forward._functions[compiled_forward._identity(again.model), 256][1] is used[2]
+    same_rows = ModelState(View(model, lm_head=model.lm_head))  # another view with the same rows: traced once
+    compiled_forward.attach(same_rows)
+    same_rows.prefill([3, 4, 5])
+    same_rows.forward(same_rows.sync([3, 4, 5]))
+    assert compiled_forward._functions[compiled_forward._identity(same_rows.model), 256][1] is used[2]

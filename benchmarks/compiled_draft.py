@@ -1,0 +1,75 @@
+"""What compiling the draft's forwards (mlxspec/compiled_forward.py) gains.
+
+    python benchmarks/compiled_draft.py                     # the code suite, 64 tokens, 3 repeats
+    python benchmarks/compiled_draft.py --suite chat --prompts 0 --max-tokens 48
+
+One process, the default pair loaded once.  Contenders run interleaved on each
+prompt, warm, in a rotating order per repeat: plain decoding, and the default
+(token trees) and chains, each with the draft's forwards compiled (as shipped)
+and uncompiled (their decoders built with MLXSPEC_COMPILED_DRAFT=0, so each has
+its own calibration: an uncompiled draft step costs more).  Reported: decode
+tok/s per contender (prefill included, as `side_by_side` counts it), run-by-run
+ratios, tokens per target pass, and whether every greedy output is identical
+(it must be: the draft only proposes).  Needs the pair pulled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlxspec  # noqa: E402  (sets up the MLX backend first)
+from mlxspec import compiled_forward  # noqa: E402
+from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec.bench_contenders import MlxspecContender, make_contender  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+
+RATIOS = ["trees / trees uncompiled", "chains / chains uncompiled", "trees / plain", "trees uncompiled / plain",
+          "trees / chains"]
+
+
+class Uncompiled(MlxspecContender):
+    """mlxspec's decoder with the draft's forwards uncompiled."""
+
+    def decoder(self, pair):
+        old = os.environ.get(compiled_forward.ENV)
+        os.environ[compiled_forward.ENV] = "0"
+        try:
+            return super().decoder(pair)
+        finally:
+            if old is None:
+                del os.environ[compiled_forward.ENV]
+            else:
+                os.environ[compiled_forward.ENV] = old
+
+
+def main() -> int:
+    args = arguments(__doc__, "0", 64, "compiled-draft.json")
+    pair = mlxspec.load()
+    contenders = {"plain": make_contender("plain"), "trees": make_contender("model:auto"),
+                  "trees uncompiled": Uncompiled("trees uncompiled", num_draft="auto"),
+                  "chains": make_contender("model:auto:chain"),
+                  "chains uncompiled": Uncompiled("chains uncompiled", num_draft="auto", tree=False)}
+    if contenders["trees"].decoder(pair).drafter.state.compiled is None:
+        print("the draft's forwards cannot be compiled here: "
+              f"{compiled_forward.unusable(contenders['trees'].decoder(pair).drafter.state)}", file=sys.stderr)
+        return 2
+
+    def run(name, ids, n):
+        return contenders[name].run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+
+    summary = interleave(chosen_prompts(args), list(contenders), run,
+                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         RATIOS, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "suite": args.suite, "max_tokens": args.max_tokens,
+           "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
