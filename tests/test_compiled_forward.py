@@ -39,6 +39,17 @@ def _pair_of_states(model):
     return plain, fast
 
 
+def _prefilled(arch, seed, length):
+    """Two states of one lean model, uncompiled and compiled, prefilled with the same
+    random history; the generator that drew it."""
+    plain, fast = _pair_of_states(lean_model(arch))
+    rng = np.random.default_rng(seed)
+    history = [int(t) for t in rng.integers(3, 64, length)]
+    for s in (plain, fast):
+        s.prefill(history)
+    return plain, fast, rng, history
+
+
 def _same(a, b):
     mx.eval(a, b)
     np.testing.assert_allclose(np.array(a), np.array(b), **TOL)
@@ -46,12 +57,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_chain_steps_rollbacks_and_growth_match_the_models_call(arch, calls):
-    model = lean_model(arch)
-    plain, fast = _pair_of_states(model)
-    rng = np.random.default_rng(0)
-    history = [int(t) for t in rng.integers(3, 64, 240)]
-    for s in (plain, fast):
-        s.prefill(history)
+    plain, fast, rng, history = _prefilled(arch, 0, 240)
     while len(history) < 300:  # crosses the caches' first 256-position allocation
         width = int(rng.integers(1, 6))
         new = [int(t) for t in rng.integers(3, 64, width)]
@@ -64,12 +70,7 @@ def test_chain_steps_rollbacks_and_growth_match_the_models_call(arch, calls):
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_tree_blocks_match_the_models_tree_call(arch, calls):
-    model = lean_model(arch)
-    plain, fast = _pair_of_states(model)
-    rng = np.random.default_rng(1)
-    history = [int(t) for t in rng.integers(3, 64, 20)]
-    for s in (plain, fast):
-        s.prefill(history)
+    plain, fast, rng, history = _prefilled(arch, 1, 20)
     for _ in range(4):
         pending = [s.sync(history) for s in (plain, fast)][0]
         assert pending == history[-1:]
