@@ -68,8 +68,13 @@ def module_at(model: nn.Module, path: str) -> nn.Module:
     return parent[int(name)] if isinstance(parent, list) else parent[name]
 
 
+module_changes = 0  # put_module calls so far: a compiled forward traced before one is stale (compiled_forward.py)
+
+
 def put_module(model: nn.Module, path: str, new: nn.Module) -> None:
     """Put `new` where `model` calls the module at `path` (its forward is unchanged)."""
+    global module_changes
+    module_changes += 1
     parent, name = _parent(model, path)
     if isinstance(parent, list):
         parent[int(name)] = new

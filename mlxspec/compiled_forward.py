@@ -140,7 +140,10 @@ def _function(model, capacity: int) -> tuple:
     called), so functions are shared by every state of a model (a benchmark or a chat
     that builds decoders anew traces once) and one per capacity, the last KEPT only:
     a long conversation's caches keep growing, and each size's traces would stay."""
-    key = (_identity(model), capacity)
+    from . import blas_layout
+
+    # a module put in place since (int8 layers swapped by a benchmark) makes older traces stale
+    key = (_identity(model), capacity, blas_layout.module_changes)
     entry = _functions.pop(key, None)
     if entry is None:
         tables = _rope_tables(model)

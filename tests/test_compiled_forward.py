@@ -164,7 +164,13 @@ def test_a_growing_cache_keeps_the_functions_of_its_last_capacities_only(monkeyp
         _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
         capacities.append(fast.cache[0].keys.shape[2])
     assert sorted(set(capacities)) == [256, 512, 768, 1024]
-    assert [cap for _, cap in compiled_forward._functions] == [768, 1024]
+    assert [key[1] for key in compiled_forward._functions] == [768, 1024]
+
+
+def _function_of(state):
+    from mlxspec import blas_layout
+
+    return compiled_forward._functions[compiled_forward._identity(state.model), 256, blas_layout.module_changes][1]
 
 
 def test_states_of_one_model_and_its_equal_views_share_a_function():
@@ -178,16 +184,29 @@ def test_states_of_one_model_and_its_equal_views_share_a_function():
         compiled_forward.attach(s)
         s.prefill([3, 4, 5])
         s.forward(s.sync([3, 4, 5]))
-        used.append(compiled_forward._functions[compiled_forward._identity(s.model), 256][1])
+        used.append(_function_of(s))
     assert used[0] is used[1]  # a view that overrides nothing computes what its model does
     assert used[1] is not used[2] and used[2] is not used[3]  # a head of its own: a function of its own
     again = ModelState(states[2].model)
     compiled_forward.attach(again)
     again.prefill([3, 4, 5])
     again.forward(again.sync([3, 4, 5]))
-    assert compiled_forward._functions[compiled_forward._identity(again.model), 256][1] is used[2]
+    assert _function_of(again) is used[2]
     same_rows = ModelState(View(model, lm_head=model.lm_head))  # another view with the same rows: traced once
     compiled_forward.attach(same_rows)
     same_rows.prefill([3, 4, 5])
     same_rows.forward(same_rows.sync([3, 4, 5]))
-    assert compiled_forward._functions[compiled_forward._identity(same_rows.model), 256][1] is used[2]
+    assert _function_of(same_rows) is used[2]
+
+
+def test_a_module_put_in_place_is_used_by_the_next_compiled_call():
+    """Benchmarks swap a loaded draft's layers (int8 against 16-bit): a trace made
+    before the swap must not be replayed after it."""
+    from mlxspec.blas_layout import put_module
+
+    plain, fast, _, history = _prefilled("qwen2", 2, 12)
+    _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
+    model = plain.model
+    put_module(model, "model.layers.0.mlp", lean_model("qwen2", seed=6).model.layers[0].mlp)
+    history = history + [7]
+    _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
