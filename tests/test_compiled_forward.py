@@ -2,7 +2,8 @@
 what the model's own call computes (to float32 rounding) through chain steps,
 rollbacks, cache growth and tree blocks; positions left behind by a rollback are
 never read; the draft of a loaded pair uses it and speculative decoding stays
-equal to plain decoding; it is off where it cannot run."""
+equal to plain decoding and sampled sequences follow the target's exact
+distribution (chi-square, with a broken control); it is off where it cannot run."""
 
 import mlx.core as mx
 import numpy as np
@@ -210,3 +211,32 @@ def test_a_module_put_in_place_is_used_by_the_next_compiled_call():
     put_module(model, "model.layers.0.mlp", lean_model("qwen2", seed=6).model.layers[0].mlp)
     history = history + [7]
     _same(plain.forward(plain.sync(history)), fast.forward(fast.sync(history)))
+
+
+def _compiled_draft_samples(broken_residual, monkeypatch, calls):
+    """Sequence-level samples (test_sequence_distribution's setting) with a lean,
+    compiled draft; the chi-square p-value against the target's exact probabilities."""
+    from mlxspec import acceptance, lean_ops
+    from mlxspec.drafters import ModelDrafter
+    from stats_util import chi_square
+    from test_sequence_distribution import PARAMS, SAMPLES, V, exact_sequence_probs, sample_sequences
+
+    cfg = tiny_models.config_for("llama", vocab_size=V, hidden=32, ffn=64)
+    target, draft = tiny_models.build(cfg, seed=3, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
+    lean_ops.prepare(draft)
+    drafter = ModelDrafter(draft)
+    assert drafter.state.compiled is not None
+    probs = exact_sequence_probs(target, PARAMS)
+    if broken_residual:
+        monkeypatch.setattr(acceptance, "residual", lambda p, q, draft: p)
+    counts, accepted = sample_sequences(target, drafter, PARAMS)
+    assert accepted > SAMPLES // 4 and calls["n"] > 0
+    return chi_square(counts, probs, SAMPLES)[2]
+
+
+def test_samples_with_a_compiled_draft_follow_the_targets_sequence_distribution(monkeypatch, calls):
+    assert _compiled_draft_samples(False, monkeypatch, calls) > 1e-3
+
+
+def test_the_same_chi_square_fails_with_a_broken_residual(monkeypatch, calls):
+    assert _compiled_draft_samples(True, monkeypatch, calls) < 1e-3
