@@ -55,9 +55,9 @@ def main() -> int:
                   "trees uncompiled": Uncompiled("trees uncompiled", num_draft="auto"),
                   "chains": make_contender("model:auto:chain"),
                   "chains uncompiled": Uncompiled("chains uncompiled", num_draft="auto", tree=False)}
-    if contenders["trees"].decoder(pair).drafter.state.compiled is None:
-        print("the draft's forwards cannot be compiled here: "
-              f"{compiled_forward.unusable(contenders['trees'].decoder(pair).drafter.state)}", file=sys.stderr)
+    why = compiled_forward.unusable(contenders["trees"].decoder(pair).drafter.state)
+    if why is not None:
+        print(f"the draft's forwards cannot be compiled here: {why}", file=sys.stderr)
         return 2
 
     def run(name, ids, n):

@@ -45,8 +45,8 @@ import os
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
 
+from . import blas_layout
 from .views import View
 
 ENV = "MLXSPEC_COMPILED_DRAFT"  # "0": the draft's forwards run uncompiled
@@ -140,8 +140,6 @@ def _function(model, capacity: int) -> tuple:
     called), so functions are shared by every state of a model (a benchmark or a chat
     that builds decoders anew traces once) and one per capacity, the last KEPT only:
     a long conversation's caches keep growing, and each size's traces would stay."""
-    from . import blas_layout
-
     # a module put in place since (int8 layers swapped by a benchmark) makes older traces stale
     key = (_identity(model), capacity, blas_layout.module_changes)
     entry = _functions.pop(key, None)
@@ -170,12 +168,14 @@ class CompiledForward:
         self.state = state
 
     def takes(self, n: int) -> bool:
-        """Can a call over `n` positions run compiled now (caches allocated, all plain KV caches)?"""
-        cache = self.state.cache
-        return 0 < n <= MAX_WIDTH and cache[0].keys is not None and all(type(c) is KVCache for c in cache)
+        """Can a call over `n` positions run compiled now (the caches allocated: `attach`
+        made sure they are full KV caches)?"""
+        return 0 < n <= MAX_WIDTH and self.state.cache[0].keys is not None
 
     def _reserve(self, need: int) -> None:
-        """Grow every cache to hold `need` positions, as KVCache.update_and_fetch would."""
+        """Grow every cache to hold `need` positions, in whole steps of its allocation
+        (KVCache.update_and_fetch would keep an odd capacity after a trim: each new
+        capacity is a new trace)."""
         for c in self.state.cache:
             cap = c.keys.shape[2]
             if need <= cap:
@@ -207,7 +207,6 @@ class CompiledForward:
         cos, sin = tables.tables(("at", positions.tobytes()), positions, d)
         kv = [a for c in cache for a in (c.keys, c.values)]
         out = fn(x.reshape(1, -1), cos, sin, mx.array([o], dtype=mx.int32), mx.array(mask), *kv)
-        del kv
         for i, c in enumerate(cache):
             c.keys, c.values = out[1 + 2 * i], out[2 + 2 * i]
             c.offset = o + n
