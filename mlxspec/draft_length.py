@@ -21,7 +21,16 @@ round's average rate,
     P_i * a / cost  >=  E / T,
 
 which is where E/T is highest when P falls from token to token -- and when each
-token costs no less than the one before.  A verify pass's cost by width is not
+token costs no less than the one before.  Maximising each round's E/T is not
+quite maximising the generation's rate, though: by the renewal-reward argument
+(Dinkelbach), a token is worth drafting exactly while its marginal rate beats the
+generation's long-run rate R, whatever this round's average.  In a round that
+goes well (E/T above R: a run of confident tokens) stopping where E/T peaks leaves
+tokens that would still have paid, so the bar is min(R, E/T): R is the rate of
+recent rounds (tokens emitted over their predicted cost, decayed by RATE_DECAY
+per round, from RATE_PRIOR).  It is never raised above the round's own E/T,
+because R swings with the text (a span that copies the prompt runs at several
+tokens per plain step) and a bar that high would starve the next rounds.  A verify pass's cost by width is not
 always convex (on a CPU, 3 positions can cost what 8 do), so the rule looks
 ahead (`pays_ahead`): it goes on while drafting h more tokens raises E/T for some
 h up to the cap, at the mean acceptance for the tokens after the next one; with
@@ -68,6 +77,8 @@ BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)  # con
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
 DECAY = 0.98  # older observations fade, so acceptance follows the text
 PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallback (doubling)
+RATE_PRIOR = (3.0, 2.0)  # (tokens, plain steps) behind the long-run rate before any round: 1.5x
+RATE_DECAY = 0.9  # per round: the long-run rate follows the text
 Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound on the mean acceptance that `more` bets on
 
 
@@ -91,6 +102,12 @@ class Mean:
         return min(1.0, a + Z_80 * (a * (1 - a) / self.evidence) ** 0.5) if optimistic else a
 
 
+def bar(t: float, e: float, rate: float | None) -> tuple[float, float]:
+    """(T, E) whose ratio a drafted token's marginal rate must beat: min(rate, E/T) (the
+    module's docstring), or the round's own E/T without a long-run rate."""
+    return (1.0, rate) if rate is not None and rate * t < e else (t, e)
+
+
 def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_cost, rate_t: float,
                rate_e: float, horizon: int) -> bool:
     """Would drafting h more tokens raise the round's expected rate E/T for some h <= horizon?
@@ -109,8 +126,10 @@ def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_
 class Round:
     """Drafting decisions for one round (FixedK's rounds say yes up to k)."""
 
-    def __init__(self, policy=None, k: int = 0):
-        self.policy, self.k = policy, k
+    def __init__(self, policy=None, k: int = 0, rate: float | None = None):
+        """`rate`: the generation's long-run rate (tokens per plain step), or None to
+        judge by the round's own E/T alone."""
+        self.policy, self.k, self.rate = policy, k, rate
         self.kept, self.p, self.e = 0, 1.0, 1.0
         self.t = 1.0  # a plain step: the verify pass over one position
         self.stop_reason = "cap"
@@ -125,7 +144,7 @@ class Round:
         a = pol.mean_acceptance(lookup, optimistic=True)  # the bet on the next token: optimism under uncertainty
         step = pol.cost.draft_step if step_cost is None else step_cost
         cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
-        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step), self.t, self.e, self.horizon):
+        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step), *bar(self.t, self.e, self.rate), self.horizon):
             return True
         self.stop_reason = "cost"
         return False
@@ -151,7 +170,7 @@ class Round:
             a = pol.acceptance(confidence)
             cost = pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
             if not (pol.forced and self.kept == 0) and not pays_ahead(
-                    self.p, a, pol.mean_acceptance(), cost, self._later(step), self.t, self.e, self.horizon):
+                    self.p, a, pol.mean_acceptance(), cost, self._later(step), *bar(self.t, self.e, self.rate), self.horizon):
                 self.stop_reason = "confidence"
                 return False
             self.p *= a
@@ -184,7 +203,7 @@ class FixedK:
     def round(self, k: int) -> Round:
         return Round(None, k)
 
-    def update(self, rnd: Round, outcomes: list) -> None:
+    def update(self, rnd: Round, outcomes: list, tokens: int = 0) -> None:
         pass
 
 
@@ -211,6 +230,7 @@ class PerToken:
         self.riding = 0.0  # re-fed positions expected to ride along in a pass (refeed only)
         self.piled = [0.0, 0.0]  # observed riding positions: decayed sum, weight
         self.drafted = [0.0, 0.0]  # drafts per drafting round: decayed sum, weight
+        self.rates = list(RATE_PRIOR)  # recent rounds' tokens and predicted plain steps: decayed sums
 
     def start(self, stats) -> None:
         self.stats = stats
@@ -289,14 +309,23 @@ class PerToken:
         return 0
 
     def round(self, k: int) -> Round:
-        return Round(self, k)
+        return Round(self, k, self.rate())
 
-    def update(self, rnd: Round, outcomes: list) -> None:
-        """`outcomes`: (confidence, kept) for each draft up to and including the first
-        rejected one (later drafts say nothing: they were never tested).  A draft step
+    def rate(self) -> float:
+        """The generation's long-run rate: tokens per plain step of recent rounds (predicted costs)."""
+        tokens, steps = self.rates
+        return tokens / steps
+
+    def update(self, rnd: Round, outcomes: list, tokens: int = 0) -> None:
+        """`tokens`: what the round emitted (its kept drafts and the target's token; 0:
+        not counted in the long-run rate).  `outcomes`: (confidence, kept) for each draft
+        up to and including the first rejected one (later drafts say nothing: they were never tested).  A draft step
         whose token was not worth verifying gained nothing: the mean acceptance (the
         chance that a draft step yields a kept token, which `more` bets on) counts it
         as a miss."""
+        if tokens:
+            r = self.rates
+            r[0], r[1] = RATE_DECAY * r[0] + tokens, RATE_DECAY * r[1] + rnd.t
         if rnd.k == 0:
             self.plain_since += 1
         elif self.refeed:

@@ -208,7 +208,7 @@ class SpeculativeDecoder:
                 stats.draft_time += t_verify - t_draft
                 stats.verify_time += t_end - t_verify
                 stats.record_round(drafted, n, len(emit), rnd.stop_reason if k else "plain", depth)
-                self.policy.update(rnd, outcomes)
+                self.policy.update(rnd, outcomes, n + 1)
                 for i, tok in enumerate(emit):
                     history.append(tok)
                     produced += 1

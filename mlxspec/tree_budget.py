@@ -8,11 +8,12 @@ its parent's confidence (the draft's top probability there); a later sibling's i
 its own draft probability, scaled by how often siblings were observed to be
 taken.  The tree expects E = 1 + sum(v) tokens for T plain steps of time (draft
 forwards paid + a verify pass over all its positions), and grows exactly while
-a step's marginal rate beats the tree's average rate E/T:
+a step's marginal rate beats the bar B = min(R, E/T): the tree's average rate, or
+the generation's long-run rate R where that is lower (draft_length.py):
 
-* `include`: a drafted candidate joins the tree if  v / (extra verify cost) >= E / T;
+* `include`: a drafted candidate joins the tree if  v / (extra verify cost) >= B;
 * `expand`:  a node is fed to the draft (to propose its children) if
-  v * a / (draft cost + extra verify cost) >= E / T, where a is the (optimistic) mean acceptance
+  v * a / (draft cost + extra verify cost) >= B, where a is the (optimistic) mean acceptance
   of a draft and the draft cost is the width increment of a batched draft
   forward (nodes expanded together share one pass).
 
@@ -28,7 +29,7 @@ is nearly free, trees grow wide; on a CPU they stay close to chains).
 
 from __future__ import annotations
 
-from .draft_length import pays_ahead
+from .draft_length import bar, pays_ahead
 
 MAX_BRANCH = 3  # children proposed per expanded node
 MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
@@ -40,6 +41,7 @@ class TreeBudget:
         self.max_nodes = max_nodes
         self.nodes, self.kept = 0, 0
         self.e, self.t = 1.0, 1.0
+        self.rate = policy.rate() if hasattr(policy, "rate") else None  # the bar, as for chains (draft_length.py)
         self.stop_reason = "cap"
 
     @property
@@ -93,7 +95,7 @@ class TreeBudget:
         extra = self.cost.extra(self.nodes + 2)
         horizon = 1 if depth is None else self.k - depth + 1
         if not (self.policy.forced and self.nodes == 0) and not pays_ahead(
-                v, 1.0, self.policy.mean_acceptance(), extra, self._later, self.t, self.e, horizon):
+                v, 1.0, self.policy.mean_acceptance(), extra, self._later, *bar(self.t, self.e, self.rate), horizon):
             self.stop_reason = "confidence"
             return False
         self.nodes += 1
@@ -114,7 +116,7 @@ class TreeBudget:
             forced = pol.forced and self.nodes == 0
             horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
             if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,
-                                             self.t, self.e, horizon):
+                                             *bar(self.t, self.e, self.rate), horizon):
                 break
             self.t += step
             n += 1

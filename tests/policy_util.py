@@ -78,7 +78,7 @@ class Text:
             while kept < len(confs) and self.rng.random() < self.accept(confs[kept]):
                 kept += 1
             outcomes = list(zip(confs, [True] * kept + [False]))[: kept + 1]
-            policy.update(rnd, outcomes)
+            policy.update(rnd, outcomes, kept + 1)
             if stats is not None:
                 stats.record_round(len(confs), kept, kept + 1, rnd.stop_reason if k else "plain")
             tokens += kept + 1
