@@ -1,0 +1,63 @@
+"""What the long-run-rate bar of the draft-length rule (draft_length.py) gains.
+
+    python benchmarks/long_run_rate.py                      # the code suite, 64 tokens, 3 repeats
+    python benchmarks/long_run_rate.py --suite chat --prompts 0 --max-tokens 48
+
+One process, the default pair loaded once.  Contenders run interleaved on each
+prompt, warm, in a rotating order per repeat: plain decoding, and the default
+(token trees) and chains, each with the bar min(R, E/T) (as shipped) and with the
+round's own E/T alone (the rule before it: their policies' long-run rate switched
+off).  Reported: decode tok/s per contender (prefill included, as `side_by_side`
+counts it), run-by-run ratios, tokens per target pass, and whether every greedy
+output is identical (it must be: the rule only decides what is drafted).  Needs the
+pair pulled.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlxspec  # noqa: E402  (sets up the MLX backend first)
+from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec.bench_contenders import MlxspecContender, make_contender  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+
+RATIOS = ["trees / trees round bar", "chains / chains round bar", "trees / plain", "trees round bar / plain",
+          "trees / chains"]
+
+
+class RoundBar(MlxspecContender):
+    """mlxspec's decoder whose policy judges each token by its round's own E/T."""
+
+    def decoder(self, pair):
+        dec = super().decoder(pair)
+        dec.policy.rate = lambda: None
+        return dec
+
+
+def main() -> int:
+    args = arguments(__doc__, "0", 64, "long-run-rate.json")
+    pair = mlxspec.load()
+    contenders = {"plain": make_contender("plain"), "trees": make_contender("model:auto"),
+                  "trees round bar": RoundBar("trees round bar", num_draft="auto"),
+                  "chains": make_contender("model:auto:chain"),
+                  "chains round bar": RoundBar("chains round bar", num_draft="auto", tree=False)}
+
+    def run(name, ids, n):
+        return contenders[name].run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+
+    summary = interleave(chosen_prompts(args), list(contenders), run,
+                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         RATIOS, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "suite": args.suite, "max_tokens": args.max_tokens,
+           "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
