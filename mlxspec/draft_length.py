@@ -30,7 +30,8 @@ tokens that would still have paid, so the bar is min(R, E/T): R is the rate of
 recent rounds (tokens emitted over their predicted cost, decayed by RATE_DECAY
 per round, from RATE_PRIOR).  It is never raised above the round's own E/T,
 because R swings with the text (a span that copies the prompt runs at several
-tokens per plain step) and a bar that high would starve the next rounds.  A verify pass's cost by width is not
+tokens per plain step) and a bar that high would starve the next rounds.  (Below,
+"E/T" in a rule stands for that bar.)  A verify pass's cost by width is not
 always convex (on a CPU, 3 positions can cost what 8 do), so the rule looks
 ahead (`pays_ahead`): it goes on while drafting h more tokens raises E/T for some
 h up to the cap, at the mean acceptance for the tokens after the next one; with
@@ -110,9 +111,10 @@ def bar(t: float, e: float, rate: float | None) -> tuple[float, float]:
 
 def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_cost, rate_t: float,
                rate_e: float, horizon: int) -> bool:
-    """Would drafting h more tokens raise the round's expected rate E/T for some h <= horizon?
-    The next token is kept with probability a_next and costs next_cost; the j-th after it
-    a_later and later_cost(j) plain steps.  horizon 1: the next token alone."""
+    """Would drafting h more tokens, for some h <= horizon, make at least rate_e / rate_t
+    tokens per plain step of what they cost (the bar, `bar`)?  The next token is kept
+    with probability a_next and costs next_cost; the j-th after it a_later and
+    later_cost(j) plain steps.  horizon 1: the next token alone."""
     gain = cost = 0.0
     for j in range(max(horizon, 1)):
         p *= a_next if j == 0 else a_later
@@ -144,7 +146,8 @@ class Round:
         a = pol.mean_acceptance(lookup, optimistic=True)  # the bet on the next token: optimism under uncertainty
         step = pol.cost.draft_step if step_cost is None else step_cost
         cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
-        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step), *bar(self.t, self.e, self.rate), self.horizon):
+        if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step),
+                      *bar(self.t, self.e, self.rate), self.horizon):
             return True
         self.stop_reason = "cost"
         return False
@@ -170,7 +173,8 @@ class Round:
             a = pol.acceptance(confidence)
             cost = pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
             if not (pol.forced and self.kept == 0) and not pays_ahead(
-                    self.p, a, pol.mean_acceptance(), cost, self._later(step), *bar(self.t, self.e, self.rate), self.horizon):
+                    self.p, a, pol.mean_acceptance(), cost, self._later(step), *bar(self.t, self.e, self.rate),
+                    self.horizon):
                 self.stop_reason = "confidence"
                 return False
             self.p *= a
@@ -318,8 +322,9 @@ class PerToken:
 
     def update(self, rnd: Round, outcomes: list, tokens: int = 0) -> None:
         """`tokens`: what the round emitted (its kept drafts and the target's token; 0:
-        not counted in the long-run rate).  `outcomes`: (confidence, kept) for each draft
-        up to and including the first rejected one (later drafts say nothing: they were never tested).  A draft step
+        not counted in the long-run rate).  `outcomes`: (confidence, kept) for each
+        draft up to and including the first rejected one (later drafts say nothing:
+        they were never tested).  A draft step
         whose token was not worth verifying gained nothing: the mean acceptance (the
         chance that a draft step yields a kept token, which `more` bets on) counts it
         as a miss."""
