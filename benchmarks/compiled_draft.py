@@ -23,11 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec import compiled_forward  # noqa: E402
-from mlxspec.api import encode_prompt  # noqa: E402
 from mlxspec.bench_contenders import MlxspecContender, make_contender  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+from side_by_side import arguments, contender_comparison  # noqa: E402
 
 RATIOS = ["trees / trees uncompiled", "chains / chains uncompiled", "trees / plain", "trees uncompiled / plain",
           "trees / chains"]
@@ -59,16 +58,7 @@ def main() -> int:
     if why is not None:
         print(f"the draft's forwards cannot be compiled here: {why}", file=sys.stderr)
         return 2
-
-    def run(name, ids, n):
-        return contenders[name].run(pair, ids, temp=0.0, max_tokens=n, seed=0)
-
-    summary = interleave(chosen_prompts(args), list(contenders), run,
-                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
-                         RATIOS, args.repeats, args.max_tokens)
-    out = {"command": " ".join(sys.argv), "suite": args.suite, "max_tokens": args.max_tokens,
-           "repeats": args.repeats, **summary}
-    return finish(out, args.out, out["tokens_per_pass"])
+    return contender_comparison(args, pair, contenders, RATIOS)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,22 @@ def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[
             "ratios": {k: spread(v) for k, v in got.items()}, "outputs_identical": identical, "runs": runs}
 
 
+def contender_comparison(args: argparse.Namespace, pair, contenders: dict, ratios: list[str]) -> int:
+    """Run `contenders` ({name: bench_contenders.Contender}) interleaved on the chosen prompts,
+    greedy; write, print and return as `finish` does."""
+    from mlxspec.api import encode_prompt
+
+    def run(name, ids, n):
+        return contenders[name].run(pair, ids, temp=0.0, max_tokens=n, seed=0)
+
+    summary = interleave(chosen_prompts(args), list(contenders), run,
+                         lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         ratios, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "suite": args.suite, "max_tokens": args.max_tokens,
+           "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])
+
+
 def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders: dict, ratios: list[str],
                        extra: dict | None = None) -> int:
     """Run `contenders` ({name: (contender spec, which)}) interleaved on the chosen prompts,
