@@ -23,37 +23,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec import compiled_forward  # noqa: E402
-from mlxspec.bench_contenders import MlxspecContender, make_contender  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import arguments, contender_comparison  # noqa: E402
+from side_by_side import arguments, contender_comparison, variant_contenders  # noqa: E402
 
 RATIOS = ["trees / trees uncompiled", "chains / chains uncompiled", "trees / plain", "trees uncompiled / plain",
           "trees / chains"]
 
 
-class Uncompiled(MlxspecContender):
-    """mlxspec's decoder with the draft's forwards uncompiled."""
-
-    def decoder(self, pair):
-        old = os.environ.get(compiled_forward.ENV)
-        os.environ[compiled_forward.ENV] = "0"
-        try:
-            return super().decoder(pair)
-        finally:
-            if old is None:
-                del os.environ[compiled_forward.ENV]
-            else:
-                os.environ[compiled_forward.ENV] = old
+def uncompiled(build):
+    """A decoder built with MLXSPEC_COMPILED_DRAFT=0 (the draft's forwards uncompiled)."""
+    old = os.environ.get(compiled_forward.ENV)
+    os.environ[compiled_forward.ENV] = "0"
+    try:
+        return build()
+    finally:
+        if old is None:
+            del os.environ[compiled_forward.ENV]
+        else:
+            os.environ[compiled_forward.ENV] = old
 
 
 def main() -> int:
     args = arguments(__doc__, "0", 64, "compiled-draft.json")
     pair = mlxspec.load()
-    contenders = {"plain": make_contender("plain"), "trees": make_contender("model:auto"),
-                  "trees uncompiled": Uncompiled("trees uncompiled", num_draft="auto"),
-                  "chains": make_contender("model:auto:chain"),
-                  "chains uncompiled": Uncompiled("chains uncompiled", num_draft="auto", tree=False)}
+    contenders = variant_contenders("uncompiled", uncompiled)
     why = compiled_forward.unusable(contenders["trees"].decoder(pair).drafter.state)
     if why is not None:
         print(f"the draft's forwards cannot be compiled here: {why}", file=sys.stderr)

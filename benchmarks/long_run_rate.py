@@ -21,31 +21,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec.bench_contenders import MlxspecContender, make_contender  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import arguments, contender_comparison  # noqa: E402
+from side_by_side import arguments, contender_comparison, variant_contenders  # noqa: E402
 
 RATIOS = ["trees / trees round bar", "chains / chains round bar", "trees / plain", "trees round bar / plain",
           "trees / chains"]
 
 
-class RoundBar(MlxspecContender):
-    """mlxspec's decoder whose policy judges each token by its round's own E/T."""
-
-    def decoder(self, pair):
-        dec = super().decoder(pair)
-        dec.policy.rate = lambda: None
-        return dec
+def round_bar(build):
+    """A decoder whose policy judges each token by its round's own E/T."""
+    dec = build()
+    dec.policy.rate = lambda: None
+    return dec
 
 
 def main() -> int:
     args = arguments(__doc__, "0", 64, "long-run-rate.json")
     pair = mlxspec.load()
-    contenders = {"plain": make_contender("plain"), "trees": make_contender("model:auto"),
-                  "trees round bar": RoundBar("trees round bar", num_draft="auto"),
-                  "chains": make_contender("model:auto:chain"),
-                  "chains round bar": RoundBar("chains round bar", num_draft="auto", tree=False)}
+    contenders = variant_contenders("round bar", round_bar)
     return contender_comparison(args, pair, contenders, RATIOS)
 
 

@@ -98,6 +98,22 @@ def interleave(prompts: list[dict], names: list[str], run, encode, ratios: list[
             "ratios": {k: spread(v) for k, v in got.items()}, "outputs_identical": identical, "runs": runs}
 
 
+def variant_contenders(label: str, tweak) -> dict:
+    """Plain, the default (trees) and chains, and trees and chains as "trees <label>" and
+    "chains <label>", whose decoders are built by `tweak(build)` (`build()` makes the
+    stock decoder; the tweak may set things up around it or change what it returns)."""
+    from mlxspec.bench_contenders import MlxspecContender, make_contender
+
+    class Tweaked(MlxspecContender):
+        def decoder(self, pair):
+            return tweak(lambda: super(Tweaked, self).decoder(pair))
+
+    return {"plain": make_contender("plain"), "trees": make_contender("model:auto"),
+            f"trees {label}": Tweaked(f"trees {label}", num_draft="auto"),
+            "chains": make_contender("model:auto:chain"),
+            f"chains {label}": Tweaked(f"chains {label}", num_draft="auto", tree=False)}
+
+
 def contender_comparison(args: argparse.Namespace, pair, contenders: dict, ratios: list[str]) -> int:
     """Run `contenders` ({name: bench_contenders.Contender}) interleaved on the chosen prompts,
     greedy; write, print and return as `finish` does."""
