@@ -49,7 +49,8 @@
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins (packed B: chunks of rows) */
 #define NB 64          /* output columns per tile: four 16-float vectors */
-#define MB_ONE_PASS 6  /* most activation rows per register tile (24 accumulators); more rows: even passes */
+#define MB_ONE_PASS 8  /* most activation rows per register tile (32 accumulators); more rows: even passes */
+#define PF_ROWS 16     /* weight rows ahead that each step prefetches (the streamer alone falls behind) */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
 
@@ -141,8 +142,10 @@ static inline float element(int fmt, const void *B, size_t i)
                 c[m][j] = m < mb ? load16(acc + m * NB + 16 * j) : (v16){0};                                        \
         for (int k = k0; k < k1; k++) {                                                                             \
             const T *b = B + (size_t)k * ldb;                                                                       \
+            for (size_t line = 0; line < sizeof(T) * NB; line += 64) /* every cache line of row k + PF_ROWS */      \
+                __builtin_prefetch((const char *)(b + PF_ROWS * ldb) + line, 0, 3);                                 \
             v16 b0 = LOAD(b), b1 = LOAD(b + 16), b2 = LOAD(b + 32), b3 = LOAD(b + 48);                              \
-            _Pragma("GCC unroll 6") for (int m = 0; m < MB_ONE_PASS; m++)                                           \
+            _Pragma("GCC unroll 8") for (int m = 0; m < MB_ONE_PASS; m++)                                           \
             {                                                                                                       \
                 if (m < mb) {                                                                                       \
                     v16 a = (v16){0} + A[(size_t)m * lda + k];                                                      \
@@ -165,7 +168,9 @@ static inline float element(int fmt, const void *B, size_t i)
         case 3: NAME##_rows(3, k0, k1, A, lda, B, ldb, acc); break;                                                 \
         case 4: NAME##_rows(4, k0, k1, A, lda, B, ldb, acc); break;                                                 \
         case 5: NAME##_rows(5, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        default: NAME##_rows(6, k0, k1, A, lda, B, ldb, acc);                                                       \
+        case 6: NAME##_rows(6, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 7: NAME##_rows(7, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        default: NAME##_rows(8, k0, k1, A, lda, B, ldb, acc);                                                       \
         }                                                                                                           \
     }
 TILE(tile_f32, float, load16)
