@@ -1,16 +1,18 @@
-"""Two builds of the small-batch kernel (mlxspec/small_gemm.c) side by side.
+"""Two builds of the small-batch kernel (mlxspec/small_gemm.c, draft_gemm.c) side by side.
 
-    python benchmarks/kernel_ab.py                  # HEAD's source against the working tree's
+    python benchmarks/kernel_ab.py                  # HEAD's sources against the working tree's
     python benchmarks/kernel_ab.py --base 548dfd1 --rows 1,2,4,5,8 --repeats 9
+    python benchmarks/kernel_ab.py --format i8      # the int8 draft products (draft_gemm.c)
 
-Both sources are compiled with the flags the package uses and loaded into one
-process (RTLD_LOCAL, so neither replaces MLX's BLAS).  Each repeat multiplies
-1..N activation rows by the default target's MLP weights, packed as float16
-column blocks (8 layers of gate, up and down: random values, the real shapes),
-through each build's `cblas_sgemm` in turn, interleaved; reported is the median
-time per row count and build, and the ratio.  Matmuls only: whole-model effects
-are measured by the side-by-side benchmarks.  Needs a C compiler and numpy; no
-model.
+Both revisions' sources are compiled with the flags the package uses and loaded
+into one process (RTLD_LOCAL, so neither replaces MLX's BLAS).  Each repeat
+multiplies 1..N activation rows by layers of a model's MLP weights (random
+values, the real shapes; about 650 MB, more than the caches keep, as in a real
+step) through each build's `cblas_sgemm` in turn, interleaved: with --format f16
+(the default) the default target's, packed as float16 column blocks; with
+--format i8 the default draft's, as int8 blocks (draft_weights.py).  Reported is
+the median time per row count and build, and the ratio.  Matmuls only: whole-model effects are measured by the side-by-side
+benchmarks.  Needs a C compiler and numpy; no model.
 """
 
 from __future__ import annotations
@@ -33,19 +35,24 @@ sys.path.insert(0, str(ROOT))
 from mlxspec import small_gemm  # noqa: E402  (does not import mlx)
 
 ROW_MAJOR, NO_TRANS = 101, 111
-SHAPES = [(1536, 8960), (1536, 8960), (8960, 1536)]  # the default target's gate, up, down (in, out)
-LAYERS = 8
+SHAPES = {"f16": [(1536, 8960), (1536, 8960), (8960, 1536)],  # the default target's gate, up, down (in, out)
+          "i8": [(896, 4864), (896, 4864), (4864, 896)]}  # the default draft's
+ALPHA_BITS = {"f16": 0x7E5A3C02, "i8": 0x7E5A3C04}  # packed_weights.ALPHA_BITS (that module imports mlx)
+SHRINK = {"f16": 2, "i8": 4}  # a packed B travels as float32: A as (s M, K/s), C as (s M, N) (packed_weights.py)
+BETA = {"f16": 0.0, "i8": 1.0}  # an int8 call multiplies the product by C (the scales), with beta 1
+LAYERS = {"f16": 8, "i8": 48}  # ~650 MB of weights either way: more than the caches keep between repeats
 
 
-def build(source: str, out: Path) -> ctypes.CDLL:
-    """small_gemm.c from `source`, with the working tree's other sources (draft_gemm.c)."""
-    src = out.with_suffix(".c")
-    src.write_text(source)
+def build(sources: list[str], out: Path) -> ctypes.CDLL:
+    """The kernel library from `sources` (the texts of small_gemm.SOURCES, in order)."""
+    paths = []
+    for i, text in enumerate(sources):
+        paths.append(out.with_name(f"{out.stem}{i}.c"))
+        paths[-1].write_text(text)
     cc = small_gemm._compiler()
     if cc is None:
         raise SystemExit("no C compiler (cc)")
-    others = [str(s) for s in small_gemm.SOURCES if s != small_gemm.SOURCE]
-    subprocess.run([cc, *small_gemm.FLAGS, str(src), *others, "-o", str(out), "-ldl", "-lm"], check=True)
+    subprocess.run([cc, *small_gemm.FLAGS, *map(str, paths), "-o", str(out), "-ldl", "-lm"], check=True)
     lib = ctypes.CDLL(str(out), mode=ctypes.RTLD_LOCAL)
     f = lib.cblas_sgemm
     f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -58,36 +65,52 @@ def packed_f16(w: np.ndarray, nb: int = 64) -> np.ndarray:
     return np.concatenate([w[:, n:n + nb].reshape(-1) for n in range(0, w.shape[1], nb)])
 
 
+def packed_i8(w: np.ndarray, nb: int = 64) -> np.ndarray:
+    """(K, N) int8 -> draft_gemm.c's blocks (draft_weights.to_blocks for N a multiple of nb)."""
+    K, N = w.shape
+    u = (w.T.astype(np.int16) + 128).astype(np.uint8)
+    return u.reshape(N // nb, nb, K // 4, 4).transpose(0, 2, 1, 3).reshape(-1)
+
+
+def layer(fmt: str, rng: np.random.Generator, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed weight, C's initial value) of a random (k, n) layer in `fmt`."""
+    if fmt == "f16":
+        return packed_f16(rng.standard_normal((k, n)).astype(np.float16)), np.zeros(n, np.float32)
+    return packed_i8(rng.integers(-127, 128, (k, n), dtype=np.int8)), np.full(n, 1e-3, np.float32)  # C: scales
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default="HEAD", help="git revision of the other source (default HEAD)")
     ap.add_argument("--rows", default="1,2,3,4,5,6,7,8,16")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--format", choices=sorted(SHAPES), default="f16")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    base = subprocess.run(["git", "show", f"{args.base}:mlxspec/small_gemm.c"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    fmt, s = args.format, SHRINK[args.format]
+    base = [subprocess.run(["git", "show", f"{args.base}:{p.relative_to(ROOT)}"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout for p in small_gemm.SOURCES]
     with tempfile.TemporaryDirectory() as d:
         builds = {args.base: build(base, Path(d) / "base.so"),
-                  "working tree": build(small_gemm.SOURCE.read_text(), Path(d) / "tree.so")}
-        alpha = struct.unpack("<f", struct.pack("<I", 0x7E5A3C02))[0]  # packed_weights.ALPHA_BITS["f16"]
+                  "working tree": build([p.read_text() for p in small_gemm.SOURCES], Path(d) / "tree.so")}
+        alpha = struct.unpack("<f", struct.pack("<I", ALPHA_BITS[fmt]))[0]
         rng = np.random.default_rng(0)
-        weights = [(k, n, packed_f16(rng.standard_normal((k, n)).astype(np.float16)))
-                   for _ in range(LAYERS) for k, n in SHAPES]
+        weights = [(k, n, *layer(fmt, rng, k, n)) for _ in range(LAYERS[fmt]) for k, n in SHAPES[fmt]]
+        dims = {k for k, _ in SHAPES[fmt]} | {n for _, n in SHAPES[fmt]}
         times: dict = {}
         for rep in range(args.repeats):
             for m in rows:
-                acts = {k: rng.standard_normal((m, k)).astype(np.float32) for k in (1536, 8960)}
-                outs = {n: np.zeros((2 * m, n), np.float32) for n in (1536, 8960)}
+                acts = {k: rng.standard_normal((m, k)).astype(np.float32) for k in dims}
                 order = list(builds.items())
                 for name, f in order if rep % 2 == 0 else order[::-1]:
+                    outs = [np.tile(c0, (s * m, 1)) for _, _, _, c0 in weights]  # before the clock: C is overwritten
                     t = time.perf_counter()
-                    for k, n, w in weights:  # a 16-bit B: A as (2M, K/2), C as (2M, N) (packed_weights.py)
-                        f(ROW_MAJOR, NO_TRANS, NO_TRANS, 2 * m, n, k // 2, alpha, acts[k].ctypes.data, k // 2,
-                          w.ctypes.data, n, 0.0, outs[n].ctypes.data, n)
+                    for (k, n, w, _), out in zip(weights, outs):
+                        f(ROW_MAJOR, NO_TRANS, NO_TRANS, s * m, n, k // s, alpha, acts[k].ctypes.data, k // s,
+                          w.ctypes.data, n, BETA[fmt], out.ctypes.data, n)
                     times.setdefault((m, name), []).append(time.perf_counter() - t)
     names = list(builds)
-    print(f"{len(weights)} packed float16 products per run, median of {args.repeats} (ms):")
+    print(f"{len(weights)} packed {'float16' if fmt == 'f16' else 'int8'} products per run, median of {args.repeats} (ms):")
     print(f"{'rows':>5} {names[0]:>14} {names[1]:>14}  ratio")
     for m in rows:
         a, b = (statistics.median(times[(m, n)]) * 1e3 for n in names)
