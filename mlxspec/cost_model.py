@@ -19,7 +19,8 @@ acceptance it observes -- never from wall-clock timings taken in the hot path,
 which on a shared machine are noise (and would make seeded runs irreproducible).
 
 `calibrate` measures them once in a few seconds (interleaved, after a warm-up,
-the minimum over repeats: interference only ever adds time) and `for_decoder`
+the median over repeats, with several timings per repeat of the plain step and
+the draft step, which everything is relative to) and `for_decoder`
 caches the result under the mlxspec home, keyed by machine, backend and pair, so
 `generate`, `chat`, `Session` and `bench` reuse it; `mlxspec calibrate`
 re-measures and prints it.  Figures are rounded to two decimals so that a
@@ -42,6 +43,8 @@ FORMAT = 3  # 3: passes keep their measured cost, dips too (2 made the table non
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
 REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
+SAMPLES = 3  # timings per repeat of a plain step and of the draft: every cost is relative to the one and
+# the draft's to both, and a single timing of a short call on a shared machine is noise (0.21-0.35 plain steps)
 PAD_MIN_SAVING = 0.05  # pad a pass to a wider width only if that saves this much of a plain step (not noise)
 
 
@@ -219,11 +222,12 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     times["draft"] = []
     for rep in range(repeats + 1):
         for w in widths:
-            t0 = time.perf_counter()
-            verify_once(w)
-            if rep:
-                times[w].append(time.perf_counter() - t0)
-        if k_draft:
+            for _ in range(SAMPLES if w == 1 else 1):
+                t0 = time.perf_counter()
+                verify_once(w)
+                if rep:
+                    times[w].append(time.perf_counter() - t0)
+        for _ in range(SAMPLES if k_draft else 0):
             t0 = time.perf_counter()
             draft_once()
             if rep:

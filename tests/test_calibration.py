@@ -93,6 +93,26 @@ def test_a_lucky_pass_does_not_set_the_price():
     assert cm.draft_step == pytest.approx(0.30, abs=0.01)
 
 
+def test_the_plain_step_and_the_draft_step_are_timed_several_times_per_repeat(tiny_pair, monkeypatch):
+    """Every cost is relative to the plain step, and the draft's to both: with one timing
+    of each per repeat (three in all) `mlxspec calibrate` priced the default draft's step
+    at 0.23, 0.35 and 0.27 plain steps in three runs on one quiet machine, and the rule
+    drafts very differently at each.  Each is now the median of REPEATS x SAMPLES."""
+    seen = {}
+
+    def spy(times, relative_cost=0.0):
+        seen.update({k: len(v) for k, v in times.items()})
+        return from_times(times, relative_cost)
+
+    from_times = cost_model.from_times
+    monkeypatch.setattr(cost_model, "from_times", spy)
+    dec = make_decoder(tiny_pair)
+    cost_model.calibrate(tiny_pair.target, dec.drafter, 64, widths=(1, 2, 4))
+    assert seen[1] >= 3 * cost_model.REPEATS and seen["draft"] >= 3 * cost_model.REPEATS
+    assert seen[1] == seen["draft"] == cost_model.REPEATS * cost_model.SAMPLES
+    assert seen[2] == seen[4] == cost_model.REPEATS
+
+
 def test_a_calibration_from_the_older_format_is_measured_again(tiny_pair, calib_dir, capsys):
     """Format-1 files (minima of two repeats, five widths) under-priced wide passes: an
     upgrade measures again rather than trust them."""
