@@ -39,7 +39,7 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 3  # 3: passes keep their measured cost, dips too (2 made the table non-decreasing: no padding)
+FORMAT = 4  # 4: plain and draft steps timed SAMPLES times per repeat; 3: passes keep their measured cost, dips too
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
 REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
