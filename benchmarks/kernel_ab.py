@@ -88,8 +88,12 @@ def main() -> int:
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     fmt, s = args.format, SHRINK[args.format]
-    base = [subprocess.run(["git", "show", f"{args.base}:{p.relative_to(ROOT)}"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout for p in small_gemm.SOURCES]
+    shown = [subprocess.run(["git", "show", f"{args.base}:{p.relative_to(ROOT)}"], cwd=ROOT, capture_output=True,
+                            text=True) for p in small_gemm.SOURCES]
+    if any(s.returncode for s in shown):
+        raise SystemExit(f"kernel_ab: no kernel sources at {args.base!r}: "
+                         f"{next(s.stderr for s in shown if s.returncode).strip().splitlines()[-1]}")
+    base = [s.stdout for s in shown]
     with tempfile.TemporaryDirectory() as d:
         builds = {args.base: build(base, Path(d) / "base.so"),
                   "working tree": build([p.read_text() for p in small_gemm.SOURCES], Path(d) / "tree.so")}

@@ -59,6 +59,11 @@ def child(argv: list[str]) -> int:
     return 0
 
 
+def last_line(err: bytes | str) -> str:
+    text = err.decode(errors="replace") if isinstance(err, bytes) else err
+    return (text.strip().splitlines() or ["(no message)"])[-1]
+
+
 def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f}, n={len(xs)})"
 
@@ -76,18 +81,22 @@ def main() -> int:
     specs = args.contenders.split(",")
     default = "model:auto" if "model:auto" in specs else specs[-1]
     with tempfile.TemporaryDirectory(prefix="mlxspec-ab-") as tmp:
-        archive = subprocess.run(["git", "archive", args.base], cwd=ROOT, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        archive = subprocess.run(["git", "archive", args.base], cwd=ROOT, capture_output=True)
+        if archive.returncode:
+            raise SystemExit(f"revision_ab: cannot export {args.base!r}: {last_line(archive.stderr)}")
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         trees = {args.base: Path(tmp), "working tree": ROOT}
         got: dict = {name: [] for name in trees}
         for rep in range(args.repeats):
             order = list(trees) if rep % 2 == 0 else list(trees)[::-1]
             for name in order:
-                out = subprocess.run([sys.executable, str(Path(__file__).resolve()), CHILD, "--suite", args.suite,
-                                      "--prompts", args.prompts, "--contenders", args.contenders,
-                                      "--max-tokens", str(args.max_tokens)],
-                                     cwd=trees[name], check=True, capture_output=True, text=True).stdout
-                line = json.loads(out.strip().splitlines()[-1])
+                done = subprocess.run([sys.executable, str(Path(__file__).resolve()), CHILD, "--suite", args.suite,
+                                       "--prompts", args.prompts, "--contenders", args.contenders,
+                                       "--max-tokens", str(args.max_tokens)],
+                                      cwd=trees[name], capture_output=True, text=True)
+                if done.returncode:
+                    raise SystemExit(f"revision_ab: the run of {name} failed: {last_line(done.stderr)}")
+                line = json.loads(done.stdout.strip().splitlines()[-1])
                 runs = line["runs"]
                 if rep == 0:
                     print(f"{name}: mlxspec from {line['source']}")
