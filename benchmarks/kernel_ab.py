@@ -11,8 +11,9 @@ values, the real shapes; about 650 MB, more than the caches keep, as in a real
 step) through each build's `cblas_sgemm` in turn, interleaved: with --format f16
 (the default) the default target's, packed as float16 column blocks; with
 --format i8 the default draft's, as int8 blocks (draft_weights.py).  Reported is
-the median time per row count and build, and the ratio.  Matmuls only: whole-model effects are measured by the side-by-side
-benchmarks.  Needs a C compiler and numpy; no model.
+the median time per row count and build, and the ratio.  Matmuls only:
+whole-model effects are measured by the side-by-side benchmarks.  Needs a C
+compiler and numpy; no model.
 """
 
 from __future__ import annotations
@@ -87,13 +88,13 @@ def main() -> int:
     ap.add_argument("--format", choices=sorted(SHAPES), default="f16")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    fmt, s = args.format, SHRINK[args.format]
+    fmt, shrink = args.format, SHRINK[args.format]
     shown = [subprocess.run(["git", "show", f"{args.base}:{p.relative_to(ROOT)}"], cwd=ROOT, capture_output=True,
                             text=True) for p in small_gemm.SOURCES]
-    if any(s.returncode for s in shown):
-        raise SystemExit(f"kernel_ab: no kernel sources at {args.base!r}: "
-                         f"{next(s.stderr for s in shown if s.returncode).strip().splitlines()[-1]}")
-    base = [s.stdout for s in shown]
+    failed = [r for r in shown if r.returncode]
+    if failed:
+        raise SystemExit(f"kernel_ab: no kernel sources at {args.base!r}: {failed[0].stderr.strip().splitlines()[-1]}")
+    base = [r.stdout for r in shown]
     with tempfile.TemporaryDirectory() as d:
         builds = {args.base: build(base, Path(d) / "base.so"),
                   "working tree": build([p.read_text() for p in small_gemm.SOURCES], Path(d) / "tree.so")}
@@ -107,10 +108,10 @@ def main() -> int:
                 acts = {k: rng.standard_normal((m, k)).astype(np.float32) for k in dims}
                 order = list(builds.items())
                 for name, f in order if rep % 2 == 0 else order[::-1]:
-                    outs = [np.tile(c0, (s * m, 1)) for _, _, _, c0 in weights]  # before the clock: C is overwritten
+                    outs = [np.tile(c0, (shrink * m, 1)) for _, _, _, c0 in weights]  # before the clock: C is overwritten
                     t = time.perf_counter()
                     for (k, n, w, _), out in zip(weights, outs):
-                        f(ROW_MAJOR, NO_TRANS, NO_TRANS, s * m, n, k // s, alpha, acts[k].ctypes.data, k // s,
+                        f(ROW_MAJOR, NO_TRANS, NO_TRANS, shrink * m, n, k // shrink, alpha, acts[k].ctypes.data, k // shrink,
                           w.ctypes.data, n, BETA[fmt], out.ctypes.data, n)
                     times.setdefault((m, name), []).append(time.perf_counter() - t)
     names = list(builds)

@@ -26,7 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import ROOT, chosen_prompts, spread  # noqa: E402  (imports no mlxspec)
+
 CHILD = "--child"
 
 
@@ -41,8 +43,7 @@ def child(argv: list[str]) -> int:
     from mlxspec.api import encode_prompt
     from mlxspec.bench_contenders import make_contender, timing_figures
 
-    suite = json.loads(Path(ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
-    prompts = [p for p in suite if p["id"] in args.prompts.split(",")]
+    prompts = chosen_prompts(args)
     pair = mlxspec.load()
     made = {spec: make_contender(spec) for spec in args.contenders.split(",")}
     runs = []
@@ -64,15 +65,17 @@ def last_line(err: bytes | str) -> str:
     return (text.strip().splitlines() or ["(no message)"])[-1]
 
 
-def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f}, n={len(xs)})"
+def ratio_text(xs: list[float]) -> str:
+    s = spread(xs)
+    return f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}, n={s['n']})"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="HEAD", help="git revision to compare the working tree with")
     ap.add_argument("--suite", default="code")
-    ap.add_argument("--prompts", default="binary-search,sql-query,rust-parse")
+    ap.add_argument("--prompts", default="binary-search,sql-query,rust-parse",
+                    help="prompt ids of the suite, comma-separated, or 0 for all")
     ap.add_argument("--contenders", default="plain,model:auto,mlx-lm:3", help="as mlxspec bench --contenders")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
@@ -120,7 +123,7 @@ def main() -> int:
         ratios = [t["decode_tps"] / b["decode_tps"] for tr, br in zip(tree, base) for t, b in zip(tr, br)
                   if t["contender"] == spec]
         summary["tree_over_base"][spec] = ratios
-        print(f"{spec:12s} working tree over {args.base}: {spread(ratios)}")
+        print(f"{spec:12s} working tree over {args.base}: {ratio_text(ratios)}")
     for name, reps in got.items():
         for spec in specs:
             if spec == default:
@@ -128,7 +131,7 @@ def main() -> int:
             xs = [d["decode_tps"] / o["decode_tps"] for runs in reps for d in runs for o in runs
                   if d["prompt"] == o["prompt"] and d["contender"] == default and o["contender"] == spec]
             summary["within"][f"{default} / {spec} @ {name}"] = xs
-            print(f"{name:12s} {default} over {spec}: {spread(xs)}")
+            print(f"{name:12s} {default} over {spec}: {ratio_text(xs)}")
     print("all outputs identical" if identical else "OUTPUTS DIFFER")
     args.out.write_text(json.dumps(summary, indent=1))
     return 0 if identical else 1
