@@ -80,7 +80,7 @@ class ModelDrafter(Drafter):
         self.state = ModelState(subset.model if subset is not None else model, max_kv_size)
         compiled_forward.attach(self.state)  # the draft's forwards, compiled where they can be
         self.p_min = p_min
-        self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}"
+        self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}/{subset.fmt}"
 
     def prefill(self, history, should_stop=None):
         if self.subset is not None and self.subset.include(history):

@@ -24,6 +24,9 @@ that does not match the tokenizer (size or hash) is refused.
 The pruned head is a view of the draft model (as layer skipping uses): the
 model's own `__call__` runs, only its output projection is replaced by the rows
 of S, so no architecture is re-implemented and quantised heads stay quantised.
+Where the draft's other weights are int8 (draft_weights.py), so are the rows of
+S: a tied 16-bit head of 65536 rows is ~117 MB a draft step would stream, a
+quarter of the step's bytes; as int8 it is half that.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from . import blas_layout, packed_weights
+from . import blas_layout, draft_weights, packed_weights
 from .errors import MlxspecError
 from .views import View
 
@@ -224,7 +227,7 @@ class _Rows:
             self.params["wt"] = mx.contiguous(self.params.pop("weight").T)
         mx.eval(self.params)  # now: MLX streams are per thread, and replies may run on another one
         if "wt" in self.params:  # packed for the small-batch kernel, when it is loaded (packed_weights.py)
-            self.packed = packed_weights.pack(self.params["wt"])
+            self.packed = _packed_rows(self.params["wt"])
             if self.packed is not None:
                 del self.params["wt"]
 
@@ -252,6 +255,14 @@ class _Rows:
         return self.layer(x) if self.embedding else self.project(x)
 
 
+def _packed_rows(wt: mx.array):
+    """The (in, out) float32 rows `wt` for the kernel: int8 where the draft's weights are
+    (a draft only proposes: draft_weights.py), else packed exactly; None without the kernel."""
+    if draft_weights.wanted() and wt.shape[0] % draft_weights.QB == 0:
+        return draft_weights.Int8Linear.from_rows(np.ascontiguousarray(np.array(wt).T))
+    return packed_weights.pack(wt)
+
+
 class _Joined:
     """Two `_Rows` of one layer side by side: the subset's own rows (packed once, shared
     by every SubsetHead of the layer) and the conversation's extra ones (few, cheap)."""
@@ -277,7 +288,7 @@ SHARED_ROWS_KEPT = 2
 
 
 def _shared_rows(layer, ids: list[int], embedding: bool) -> _Rows:
-    key = tuple(ids)
+    key = (tuple(ids), draft_weights.wanted())
     for entry in _SHARED_ROWS:
         if entry[0] is layer and entry[1] == key:
             return entry[2]
@@ -323,6 +334,7 @@ class SubsetHead:
         layer = model.lm_head if self._kind == "lm_head" else model.model.embed_tokens
         embedding = self._kind != "lm_head"
         rows = _shared_rows(layer, self._own, embedding)
+        self.fmt = rows.packed.fmt if rows.packed is not None else "mlx"  # how the rows are stored (cost keys)
         if extra:
             rows = _Joined(rows, _Rows(layer, mx.array(extra, dtype=mx.uint32), embedding))
         if self._kind == "lm_head":

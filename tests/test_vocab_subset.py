@@ -13,7 +13,7 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec import vocab_subset
+from mlxspec import draft_weights, vocab_subset
 from mlxspec.errors import MlxspecError
 from mlxspec.sampling import SamplingParams, process_logits
 from mlxspec.vocab_subset import SubsetHead
@@ -22,7 +22,8 @@ from test_acceptance_exact import V, exact_output, random_dist
 
 @pytest.mark.parametrize("arch,tied,quantized", [("llama", False, False), ("qwen2", True, False),
                                                  ("llama", False, True), ("qwen2", True, True)])
-def test_subset_logits_are_the_full_heads_rows(arch, tied, quantized):
+def test_subset_logits_are_the_full_heads_rows(arch, tied, quantized, monkeypatch):
+    monkeypatch.setenv(draft_weights.ENV, "0")  # the rows as they are (int8 rows: the next test)
     cfg = {**tiny_models.config_for(arch), "tie_word_embeddings": tied}
     model = tiny_models.build(cfg, seed=4, scale=2.0)
     if quantized:
@@ -38,6 +39,29 @@ def test_subset_logits_are_the_full_heads_rows(arch, tied, quantized):
     assert np.isneginf(np.delete(scattered, ids, axis=1)).all()
     # the model itself is untouched
     np.testing.assert_allclose(np.array(model(x)[0]), np.array(full), atol=1e-6)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_rows_are_int8_where_the_drafts_weights_are(tied, monkeypatch):
+    """A pruned head is a draft's: where draft_weights.py rounds the draft to int8, its
+    rows are rounded the same way (a 16-bit head would be a quarter of a draft step's
+    bytes); with MLXSPEC_DRAFT_INT8=0 they stay exact."""
+    if not draft_weights.wanted():
+        pytest.skip("no int8 draft kernel here")
+    cfg = {**tiny_models.config_for("qwen2"), "tie_word_embeddings": tied}
+    model = tiny_models.build(cfg, seed=4, scale=2.0)
+    ids = list(range(0, 300, 3))
+    x = mx.array([[5, 17, 42, 9]])
+    full = np.array(model(x)[0])[:, ids]
+    head = SubsetHead(model, ids, cfg["vocab_size"])
+    assert head.fmt == "i8"
+    sub = np.array(head.model(x)[0])
+    assert not np.array_equal(sub, full)  # rounded ...
+    np.testing.assert_allclose(sub, full, atol=0.05 * np.abs(full).max())  # ... to int8
+    monkeypatch.setenv(draft_weights.ENV, "0")
+    exact = SubsetHead(model, ids[:-1], cfg["vocab_size"])  # other ids: not the shared rows above
+    assert exact.fmt != "i8"
+    np.testing.assert_allclose(np.array(exact.model(x)[0]), full[:, :-1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -136,10 +160,11 @@ def test_smollm2_with_the_default_pruned_head_equals_plain_greedy(smollm2_pair):
 
 
 @pytest.mark.real
-def test_smollm2_pruned_head_sampling_matches_its_own_q(smollm2_pair):
+def test_smollm2_pruned_head_sampling_matches_its_own_q(smollm2_pair, monkeypatch):
     """The q a pruned drafter reports is exactly the subset-renormalised
     distribution of the full model (what its tokens are drawn from)."""
     pair = smollm2_pair
+    monkeypatch.setenv(draft_weights.ENV, "0")  # the head's rows as they are, so the full head is the reference
     d = mlxspec.api.make_drafter(pair, "model", draft_vocab=4096)
     params = SamplingParams(temp=0.8, top_k=50)
     history = pair.tokenizer.encode("def add(a, b):\n    return")
