@@ -15,6 +15,14 @@
  *     sum_k a[k] w[k][n]  ~  s[n] * sum_blocks d * (sum_k u[k][n] a_q[k] - 128 S)
  * The integer part is exact; each block adds its float term with one fused
  * multiply-add, in block order, the same in the vector and the scalar code.
+ *
+ * From AMX_MIN_ROWS rows on (a tree level, a verify-sized draft call, a prompt),
+ * where VNNI is compute-bound, a block's integer sums come from AMX tiles
+ * (TDPBSUD: 16 rows x 16 columns x 32 inputs an instruction, reading the same
+ * weight layout: a tile of 16 columns is 64 bytes of each 256-byte row of four
+ * inputs).  They are the same integers, and the float steps are the same, so a
+ * product is bit for bit the VNNI code's (tests compare them).  Linux must grant
+ * the process the tile state (arch_prctl); where it does not, VNNI does it all.
  */
 #include <math.h>
 #include <stddef.h>
@@ -34,8 +42,37 @@
 #else
 #define HAVE_VNNI 0
 #endif
+#if HAVE_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+#define AMX_MIN_ROWS 3 /* rows from which the AMX tiles take a product (fewer: the VNNI code streams as fast) */
+#define AMX_ROWS 16    /* rows per tile */
 
 int mlxspec_draft_gemm_available(void) { return HAVE_VNNI; }
+
+static int amx; /* products over AMX_MIN_ROWS+ rows on AMX tiles: the same integer sums, so the same result */
+
+/* 1: products of AMX_MIN_ROWS+ rows on AMX tiles where Linux grants them (the default); 0: VNNI only.  Returns
+ * the old setting, -1 when AMX is not available. */
+int mlxspec_draft_amx(int on)
+{
+#if HAVE_AMX
+    static int granted = -1;
+    if (granted < 0)
+        granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    if (granted) {
+        int old = amx;
+        amx = on != 0;
+        return old;
+    }
+#endif
+    (void)on;
+    return -1;
+}
 
 #if HAVE_VNNI
 /* Row x (K values, K a multiple of QB) -> int8 q, a scale and a sum per block: q = x * (127 / top)
@@ -109,6 +146,61 @@ static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int
     }
 }
 
+#if HAVE_AMX
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* acc[m][0..NB) += the blocks' terms for rows m < mb (<= AMX_ROWS) of one full column block, the integer sums
+ * on AMX tiles: tiles 0-3 the sums of the four 16-column groups, 4 a block of the rows, 5-7 the weights */
+static void tile_amx(int mb, int K, const int8_t *qa, const float *ascale, const int32_t *asum, const uint8_t *w,
+                     float *acc)
+{
+    int32_t sums[AMX_ROWS * NB] __attribute__((aligned(64)));
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++)
+        cfg.rows[t] = (uint8_t)mb, cfg.colsb[t] = 64;
+    cfg.rows[4] = (uint8_t)mb, cfg.colsb[4] = QB;
+    for (int t = 5; t < 8; t++)
+        cfg.rows[t] = QB / 4, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    int blocks = K / QB;
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *p = w + (size_t)b * (QB / 4) * NB * 4; /* QB/4 rows of 256 bytes: 16 columns each 64 */
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_loadd(4, qa + b * QB, K);
+        _tile_loadd(5, p, NB * 4);
+        _tile_loadd(6, p + 64, NB * 4);
+        _tile_loadd(7, p + 128, NB * 4);
+        _tile_dpbsud(0, 4, 5);
+        _tile_dpbsud(1, 4, 6);
+        _tile_dpbsud(2, 4, 7);
+        _tile_loadd(5, p + 192, NB * 4);
+        _tile_dpbsud(3, 4, 5);
+        _tile_stored(0, sums, NB * 4);
+        _tile_stored(1, sums + 16, NB * 4);
+        _tile_stored(2, sums + 32, NB * 4);
+        _tile_stored(3, sums + 48, NB * 4);
+        for (int m = 0; m < mb; m++) { /* as tile_rows */
+            __m512i corr = _mm512_set1_epi32(128 * asum[(size_t)m * blocks + b]);
+            __m512 d = _mm512_set1_ps(ascale[(size_t)m * blocks + b]);
+            for (int j = 0; j < 4; j++) {
+                float *o = acc + m * NB + 16 * j;
+                __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums + m * NB + 16 * j), corr));
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(t, d, _mm512_loadu_ps(o)));
+            }
+        }
+    }
+}
+#endif
+
 /* Column block nb for M (<= CHUNK) quantised rows; C = result x C (C holds the column scales). */
 static void column_block(int nb, int M, int N, int K, const int8_t *qa, const float *ascale, const int32_t *asum,
                          const uint8_t *B, float *C, int ldc)
@@ -117,6 +209,13 @@ static void column_block(int nb, int M, int N, int K, const int8_t *qa, const fl
     int n0 = nb * NB, nw = N - n0 < NB ? N - n0 : NB, blocks = K / QB;
     const uint8_t *w = B + (size_t)n0 * K;
     memset(acc, 0, sizeof(float) * M * NB);
+#if HAVE_AMX
+    if (nw == NB && amx && M >= AMX_MIN_ROWS) {
+        for (int m0 = 0; m0 < M; m0 += AMX_ROWS)
+            tile_amx(M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks,
+                     asum + (size_t)m0 * blocks, w, acc + m0 * NB);
+    } else
+#endif
     if (nw == NB) {
         for (int m0 = 0; m0 < M; m0 += MB) {
             int mb = M - m0 < MB ? M - m0 : MB;

@@ -67,6 +67,7 @@
 
 int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc);
 int mlxspec_draft_gemm_available(void);
+int mlxspec_draft_amx(int on);
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
 enum { F32, F16, BF16 }; /* how B's elements are stored */
@@ -477,6 +478,7 @@ int mlxspec_gemm_init(const char *blas_path)
     if (lib == NULL)
         return -1;
     real_sgemm = (sgemm_fn)dlsym(lib, "cblas_sgemm");
+    mlxspec_draft_amx(1); /* the int8 products of many rows on AMX tiles, where granted */
     return real_sgemm != NULL && real_sgemm != cblas_sgemm ? 0 : -1;
 }
 

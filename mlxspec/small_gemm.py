@@ -158,6 +158,15 @@ def set_enabled(on: bool) -> bool:
     return bool(lib.mlxspec_gemm_enable(int(on))) if lib is not None else False
 
 
+def set_draft_amx(on: bool) -> bool | None:
+    """A draft's int8 products over several rows on AMX tiles (True, the default where
+    granted) or on VNNI (False), for side-by-side benchmarks; the previous setting, None
+    without AMX.  The integer sums are the same either way, so the products are too."""
+    lib = _state["lib"]
+    old = int(lib.mlxspec_draft_amx(int(on))) if lib is not None else -1
+    return None if old < 0 else bool(old)
+
+
 def enabled() -> bool:
     lib = _state["lib"]
     return lib is not None and bool(lib.mlxspec_gemm_enabled())

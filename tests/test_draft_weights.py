@@ -12,7 +12,7 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec import draft_weights, packed_weights
+from mlxspec import draft_weights, packed_weights, small_gemm
 from mlxspec.draft_weights import Int8Linear
 from mlxspec.drafters import ModelDrafter
 from mlxspec.packed_weights import PackedLinear
@@ -61,6 +61,25 @@ def test_a_row_does_not_depend_on_its_neighbours():
     together = np.array(layer(mx.array(x)))
     for i in range(9):
         assert np.array_equal(np.array(layer(mx.array(x[i]))), together[i])
+
+
+@pytest.mark.skipif(small_gemm.set_draft_amx(True) is None, reason="no AMX tiles here")
+@pytest.mark.parametrize("m", [3, 4, 16, 17, 40])
+def test_amx_tiles_give_the_vnni_products_bit_for_bit(m):
+    """Products over AMX_MIN_ROWS+ rows run on AMX tiles: the same integer sums and the
+    same float steps, so exactly the VNNI code's result (a draft's tokens do not depend
+    on which unit computed them)."""
+    x, w = rows_and_weight(m, 160, 200, seed=m)
+    layer = Int8Linear.from_rows(w)
+    try:
+        small_gemm.set_draft_amx(False)
+        vnni = np.array(layer(mx.array(x)))
+        small_gemm.set_draft_amx(True)
+        tiles = np.array(layer(mx.array(x)))
+    finally:
+        small_gemm.set_draft_amx(True)
+    assert np.array_equal(tiles, vnni)
+    assert np.allclose(tiles, draft_weights.reference(x, *draft_weights.quantise(w)), rtol=1e-5, atol=1e-5)
 
 
 def test_bias_leading_dims_and_take_columns():

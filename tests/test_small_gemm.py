@@ -133,3 +133,16 @@ def test_built_once_into_the_cache_older_builds_and_stale_temps_removed(tmp_path
     mtime = (kernels / built[0]).stat().st_mtime_ns
     assert _run({}, tmp_path).returncode == 0
     assert (kernels / built[0]).stat().st_mtime_ns == mtime  # cached, not built again
+
+
+def test_the_draft_kernels_check_out_where_the_cpu_has_them():
+    """A kernel that computes a format wrongly is not used (draft_weights.works): on a CPU
+    with AVX-512 VNNI (and AMX, where Linux grants it) that must not silently happen."""
+    from mlxspec import draft_weights
+
+    flags = small_gemm._cpu_flags().split()
+    if not small_gemm.loaded() or "avx512_vnni" not in flags:
+        pytest.skip("no AVX-512 VNNI here")
+    assert draft_weights.works()
+    if "amx_int8" in flags:
+        assert small_gemm.set_draft_amx(True) is not None  # granted and in use
