@@ -6,7 +6,7 @@
 Each contender generates greedily on each prompt of the suite with the default pair
 (a fresh decoder, as `mlxspec bench` does), and every forward of a round is priced by
 the pair's calibrated cost model (cost_model.py): a target pass over w positions
-V(w), a draft forward over w positions c * V(w) (as tree_budget.py prices draft
+V(w), a draft forward over w positions its calibrated cost (as tree_budget.py prices draft
 widths); prefill is not counted.  The predicted speed-up is tokens over that price
 (plain decoding costs 1 per token).  Greedy outputs and the rules' decisions are
 deterministic, so two rules compare without timing noise -- on the cost model's
@@ -73,7 +73,7 @@ def priced(decoder, log) -> tuple[float, float]:
     """(verify, draft) plain steps that the forwards in `log` cost, by `decoder`'s cost model."""
     cm = decoder.policy.cost
     verify = sum(cm.verify_width(w) for state, w in log if state is decoder.target)
-    draft = sum(cm.draft_step * cm.verify_width(w) for state, w in log if state is not decoder.target)
+    draft = sum(cm.draft_width(w) for state, w in log if state is not decoder.target)
     return verify, draft
 
 

@@ -4,7 +4,14 @@ All costs are relative to one plain target step (a target forward over one
 position, plus the argmax/log-softmax of a decoding step):
 
 * `draft_step`: one step of the drafter (its forward, head and sampling);
-* `verify[w - 1]`: one target pass over exactly w positions (`verify[0]` is 1).
+* `verify[w - 1]`: one target pass over exactly w positions (`verify[0]` is 1);
+* `draft_widths[w - 1]`: a draft forward over w positions (a token tree's level,
+  tree_budget.py) against one over a single position (`draft_widths[0]` is 1).
+  The draft's curve is its own: an int8 draft (draft_weights.py) is compute-bound
+  at fewer positions than a 16-bit target (measured here: a draft forward over 5
+  / 7 positions 1.65x / 1.72x one over a single position, a target pass 1.26x /
+  1.31x).  Without it (a calibration from before, a drafter without a model) the
+  target's curve stands in.
 
 A wider pass can cost less than a narrower one: Debian's OpenBLAS 0.3.21 runs a
 16-row product faster than a 5- to 15-row one (measured here: 16 positions cost
@@ -39,8 +46,9 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 4  # 4: plain and draft steps timed SAMPLES times per repeat; 3: passes keep their measured cost, dips too
+FORMAT = 5  # 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
+DRAFT_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft forward widths measured (a tree level: at most MAX_BRANCH x a level)
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
 REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
 SAMPLES = 3  # timings per repeat of a plain step and of the draft: every cost is relative to the one and
@@ -54,6 +62,7 @@ class CostModel:
     verify: list = field(default_factory=lambda: [1.0])  # verify[w-1]: pass over w positions
     plain_step_s: float = 0.0  # seconds of one plain target step, for display only
     source: str = "assumed"  # assumed | measured | cached
+    draft_widths: list = field(default_factory=list)  # draft_widths[w-1]: a draft forward over w positions / over 1
 
     def pad_width(self, w: int) -> int:
         """The width to run a pass over w >= 1 positions at: w, or a wider width of
@@ -76,6 +85,22 @@ class CostModel:
         slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else ASSUMED_VERIFY_SLOPE
         return max(v[-1], v[-1] + slope * (w - len(v)))
 
+    def draft_curve(self, w: int) -> float:
+        """A draft forward over w >= 1 positions against one over a single position: the
+        draft's own curve (linear beyond the table), or the verify curve where it was
+        not measured."""
+        d = self.draft_widths
+        if not d:
+            return self.verify_width(w)
+        if w <= len(d):
+            return d[w - 1]
+        slope = (d[-1] - d[0]) / (len(d) - 1) if len(d) > 1 else ASSUMED_VERIFY_SLOPE
+        return d[-1] + slope * (w - len(d))
+
+    def draft_width(self, w: int) -> float:
+        """Cost in plain steps of a draft forward over w >= 1 positions."""
+        return self.draft_step * self.draft_curve(w)
+
     def extra(self, w: int) -> float:
         """Marginal cost of verifying w positions instead of w - 1."""
         return max(0.0, self.verify_width(w) - self.verify_width(w - 1))
@@ -91,7 +116,9 @@ class CostModel:
     def describe(self) -> str:
         v = ", ".join(self.describe_width(w) for w in (2, 5, 9, 17))
         step = f"plain step {1000 * self.plain_step_s:.1f} ms, " if self.plain_step_s else ""
-        return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}} ({self.source})"
+        d = ", ".join(f"{w}: {self.draft_widths[w - 1]:.2f}" for w in (2, 4, 8) if w <= len(self.draft_widths))
+        d = f", draft forward by width {{{d}}}" if d else ""
+        return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}}{d} ({self.source})"
 
 
 MERGE_MAX_EXTRA = 0.5  # re-fed positions ride along in a verify pass while they add at most half a plain step
@@ -210,21 +237,24 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         drafter.reset()
         drafter.prefill(history)
 
-    def verify_once(w):
-        pending = target.sync(history)
-        logits = target.forward(pending + ids[context: context + w - len(pending)])
+    def timed_forward(state, w):
+        """A forward of `state` over w positions after the history, its argmax evaluated."""
+        pending = state.sync(history)
+        logits = state.forward(pending + ids[context: context + w - len(pending)])
         mx.eval(mx.argmax(logits, axis=-1))
 
     def draft_once():
         drafter.propose(history, k_draft, greedy, None)
 
+    draft_state = _draft_state(drafter) if k_draft else None
     times: dict = {w: [] for w in widths}
     times["draft"] = []
+    times.update({f"draft@{w}": [] for w in (DRAFT_WIDTHS if draft_state is not None else ())})
     for rep in range(repeats + 1):
         for w in widths:
             for _ in range(SAMPLES if w == 1 else 1):
                 t0 = time.perf_counter()
-                verify_once(w)
+                timed_forward(target, w)
                 if rep:
                     times[w].append(time.perf_counter() - t0)
         for _ in range(SAMPLES if k_draft else 0):
@@ -232,6 +262,12 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
             draft_once()
             if rep:
                 times["draft"].append((time.perf_counter() - t0) / k_draft)
+        for w in DRAFT_WIDTHS if draft_state is not None else ():
+            for _ in range(SAMPLES):  # a draft forward is short: single timings are noise (27-39 ms at one width)
+                t0 = time.perf_counter()
+                timed_forward(draft_state, w)
+                if rep:
+                    times[f"draft@{w}"].append(time.perf_counter() - t0)
     target.reset()
     if k_draft:
         drafter.reset()
@@ -240,16 +276,32 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     return from_times(times, getattr(drafter, "relative_cost", 0.0))
 
 
+def _draft_state(drafter):
+    """The ModelState of the drafter's model (a hybrid drafter's model part), or None."""
+    from .cache import ModelState
+
+    for d in (drafter, getattr(drafter, "model", None)):
+        if isinstance(getattr(d, "state", None), ModelState):
+            return d.state
+    return None
+
+
 def from_times(times: dict, relative_cost: float = 0.0) -> CostModel:
-    """The cost model from timed repeats: {width: [seconds, ...], "draft": [seconds per step, ...]}
-    (no "draft": the drafter's own `relative_cost`).  Medians, relative to the one-position pass."""
-    widths = [w for w in times if w != "draft"]
+    """The cost model from timed repeats: {width: [seconds, ...], "draft": [seconds per step, ...],
+    "draft@w": [seconds of a draft forward over w positions, ...]} (no "draft": the drafter's
+    own `relative_cost`).  Medians, relative to the one-position pass (each model's own)."""
+    widths = [w for w in times if isinstance(w, int)]
     plain = median(times[1])
     rel = {w: median(times[w]) / plain for w in widths}
     draft = median(times["draft"]) / plain if "draft" in times else relative_cost
     verify = [round(v, 2) for v in _fill(rel, max(widths))]
     verify[0] = 1.0
-    return CostModel(round(draft, 2), verify, plain, "measured")
+    drafts = {int(k.split("@")[1]): median(v) for k, v in times.items() if isinstance(k, str) and "@" in k}
+    draft_widths = []
+    if 1 in drafts:
+        draft_widths = [round(v, 2) for v in _fill({w: t / drafts[1] for w, t in drafts.items()}, max(drafts))]
+        draft_widths[0] = 1.0
+    return CostModel(round(draft, 2), verify, plain, "measured", draft_widths)
 
 
 # -- the cache ------------------------------------------------------------------
@@ -322,7 +374,8 @@ def load_cached(key: str, warn=None) -> CostModel | None:
         d = json.loads(path.read_text())
         if d.get("format") != FORMAT:
             raise ValueError(f"format {d.get('format')!r}")
-        cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached")
+        cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached",
+                       [float(x) for x in d.get("draft_widths", [])])
         if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0 and all(v > 0 for v in cm.verify)):
             raise ValueError("values out of range")
         return cm

@@ -15,7 +15,8 @@ the generation's long-run rate R where that is lower (draft_length.py):
 * `expand`:  a node is fed to the draft (to propose its children) if
   v * a / (draft cost + extra verify cost) >= B, where a is the (optimistic) mean acceptance
   of a draft and the draft cost is the width increment of a batched draft
-  forward (nodes expanded together share one pass).
+  forward (nodes expanded together share one pass), by the draft's own width
+  curve (cost_model.CostModel.draft_width).
 
 Both look ahead along depth as the chain rule does (draft_length.pays_ahead): a
 candidate on the best path, or the first node fed at a level, also counts the
@@ -71,7 +72,7 @@ class TreeBudget:
         a, v, n, cm = self.policy.acceptance(None), 1.0, 0, self.cost
         while n < min(count, self.k, self.max_nodes):
             v *= a
-            if v < cm.verify_width(pending + n + 1) - cm.verify_width(pending + n):
+            if v < cm.draft_curve(pending + n + 1) - cm.draft_curve(pending + n):
                 break
             n += 1
         self.t += self._draft_width(pending, pending + n)
@@ -79,9 +80,9 @@ class TreeBudget:
 
     def _draft_width(self, before: int, after: int) -> float:
         """What widening a draft forward from `before` to `after` positions costs (0
-        before: the forward itself), priced by the verify curve's increment."""
+        before: the forward itself), by the draft's own curve (cost_model.py)."""
         cm = self.cost
-        return cm.draft_step * (cm.verify_width(after) - (cm.verify_width(before) if before else 0.0))
+        return cm.draft_width(after) - (cm.draft_width(before) if before else 0.0)
 
     def _later(self, j: int) -> float:
         """The cost of the j-th node below the next one on a path (for pays_ahead)."""

@@ -197,7 +197,8 @@ class TreeDraft:
 
     def _width(self, positions: int) -> int:
         """The width a draft forward over `positions` runs at: padded as the verify
-        pass would be (the budget prices draft widths by the verify curve, _draft_width)."""
+        pass would be (where a wider pass costs less; the budget prices the draft's
+        widths by its own curve, tree_budget._draft_width)."""
         return self.budget.cost.pad_width(positions)
 
     def _remaining(self, parent: int, q: np.ndarray):

@@ -76,6 +76,7 @@ def test_calibrate_command_measures_and_prints(tiny_pair_dirs, calib_dir):
                          capture_output=True, text=True, env={**os.environ}, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "draft step:" in out.stdout and "verify pass by width" in out.stdout
+    assert "draft forward by width" in out.stdout
     assert len(list(calib_dir.glob("*.json"))) == 1
     js = subprocess.run([sys.executable, "-m", "mlxspec.cli", "calibrate", "--model", str(target), "--draft", str(draft),
                          "--json"], capture_output=True, text=True, env={**os.environ}, timeout=300)
@@ -111,6 +112,24 @@ def test_the_plain_step_and_the_draft_step_are_timed_several_times_per_repeat(ti
     assert seen[1] >= 3 * cost_model.REPEATS and seen["draft"] >= 3 * cost_model.REPEATS
     assert seen[1] == seen["draft"] == cost_model.REPEATS * cost_model.SAMPLES
     assert seen[2] == seen[4] == cost_model.REPEATS
+
+
+def test_the_drafts_forwards_are_priced_by_their_own_width_curve(tiny_pair, calib_dir):
+    """A draft forward over w positions is measured, not taken to cost what a target pass
+    does: an int8 draft is compute-bound at fewer positions (5 positions: 1.65x one,
+    where a target pass is 1.26x), and token trees priced by the target's curve grew
+    wide draft levels that did not pay."""
+    first = make_decoder(tiny_pair).policy.cost
+    d = first.draft_widths
+    assert len(d) == max(cost_model.DRAFT_WIDTHS) and d[0] == 1.0 and min(d) >= 1.0
+    assert first.draft_width(1) == first.draft_step
+    assert first.draft_width(4) == pytest.approx(first.draft_step * d[3])
+    assert make_decoder(tiny_pair).policy.cost.draft_widths == d  # kept in the cache
+    times = {1: [0.4] * 3, 8: [0.6] * 3, "draft": [0.1] * 3, "draft@1": [0.1] * 3, "draft@4": [0.2] * 3}
+    cm = cost_model.from_times(times)
+    assert cm.draft_curve(4) == pytest.approx(2.0) and cm.draft_curve(2) == pytest.approx(4 / 3, abs=0.01)
+    assert cm.draft_curve(8) != cm.verify_width(8)
+    assert cost_model.from_times({1: [0.4], 8: [0.6], "draft": [0.1]}).draft_curve(8) == pytest.approx(1.5)
 
 
 def test_a_calibration_from_the_older_format_is_measured_again(tiny_pair, calib_dir, capsys):

@@ -183,6 +183,23 @@ def test_lookup_feed_follows_the_lookups_acceptance_and_the_draft_width():
     t = b.t
     n = b.lookup_feed(2, 10)
     assert b.t == pytest.approx(t + 0.3 * (steep.verify_width(2 + n) - steep.verify_width(2)))  # the width is paid
+    # the draft's own width curve, where calibrated, prices it (not the target's)
+    own = CostModel(0.3, list(flat.verify), draft_widths=[1.0 + 0.2 * w for w in range(20)])
+    assert TreeBudget(policy_with(0.7, own), 12).lookup_feed(1, 10) == 4
+    b = TreeBudget(policy_with(0.9, own), 12)
+    n = b.lookup_feed(2, 10)
+    assert b.t == pytest.approx(1.0 + 0.3 * 0.2 * n)
+
+
+def test_a_tree_level_is_priced_by_the_drafts_width_curve():
+    """Nodes fed together share a draft forward, which costs what the draft's curve says
+    for that width: a steep draft curve feeds fewer of them than a flat verify curve
+    would suggest."""
+    flat = assumed(0.3, slope=0.0, width=20)
+    steep_draft = CostModel(0.3, list(flat.verify), draft_widths=[1.0 + w for w in range(20)])
+    values = [0.9, 0.3, 0.2, 0.1]
+    assert TreeBudget(policy_with(0.6, flat), 12).expand(values, 1) == 4
+    assert TreeBudget(policy_with(0.6, steep_draft), 12).expand(values, 1) < 4
 
 
 def test_a_spine_token_the_draft_doubts_is_estimated_below_one_it_agrees_with():
