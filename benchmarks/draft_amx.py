@@ -26,6 +26,7 @@ import mlxspec  # noqa: E402  (sets up the MLX backend first)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlxspec import api, small_gemm  # noqa: E402
+from mlxspec.errors import MlxspecError  # noqa: E402
 
 
 def main() -> int:
@@ -36,7 +37,11 @@ def main() -> int:
     if small_gemm.set_draft_amx(True) is None:
         print("no AMX here (or Linux does not grant it): nothing to compare", file=sys.stderr)
         return 1
-    pair = mlxspec.load()
+    try:
+        pair = mlxspec.load()
+    except MlxspecError as e:  # the pair not pulled, a broken folder: one line
+        print(f"draft_amx: {e}", file=sys.stderr)
+        return 2
     state = api.make_drafter(pair, "model").state
     state.prefill(list(range(1000, 1300)))
 
