@@ -250,24 +250,22 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     times: dict = {w: [] for w in widths}
     times["draft"] = []
     times.update({f"draft@{w}": [] for w in (DRAFT_WIDTHS if draft_state is not None else ())})
+
+    def timed(key, call, samples: int, per: int = 1, keep: bool = True) -> None:
+        """Time `call` `samples` times into times[key] (seconds / `per`; a warm-up keeps none)."""
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            call()
+            if keep:
+                times[key].append((time.perf_counter() - t0) / per)
+
     for rep in range(repeats + 1):
         for w in widths:
-            for _ in range(SAMPLES if w == 1 else 1):
-                t0 = time.perf_counter()
-                timed_forward(target, w)
-                if rep:
-                    times[w].append(time.perf_counter() - t0)
-        for _ in range(SAMPLES if k_draft else 0):
-            t0 = time.perf_counter()
-            draft_once()
-            if rep:
-                times["draft"].append((time.perf_counter() - t0) / k_draft)
+            timed(w, lambda: timed_forward(target, w), SAMPLES if w == 1 else 1, keep=rep > 0)
+        timed("draft", draft_once, SAMPLES if k_draft else 0, per=max(k_draft, 1), keep=rep > 0)
         for w in DRAFT_WIDTHS if draft_state is not None else ():
-            for _ in range(SAMPLES):  # a draft forward is short: single timings are noise (27-39 ms at one width)
-                t0 = time.perf_counter()
-                timed_forward(draft_state, w)
-                if rep:
-                    times[f"draft@{w}"].append(time.perf_counter() - t0)
+            # a draft forward is short: single timings are noise (27-39 ms at one width)
+            timed(f"draft@{w}", lambda: timed_forward(draft_state, w), SAMPLES, keep=rep > 0)
     target.reset()
     if k_draft:
         drafter.reset()
