@@ -61,6 +61,23 @@ class DraftTree:
             node = self.parents[node]
         return out[::-1]
 
+    def values(self) -> list:
+        """Per node, the product of the estimates along its path: the estimated chance
+        that the target takes the path to it (estimates must be set)."""
+        out = []
+        for i, p in enumerate(self.parents):
+            out.append((1.0 if p < 0 else out[p]) * self.estimate[i])
+        return out
+
+    def only(self, nodes) -> tuple["DraftTree", dict]:
+        """The tree of `nodes` (each one's parent among them, or the root), in their old
+        order, and the map from old node indices to new ones (-1: the root)."""
+        t, new = DraftTree(), {-1: -1}
+        for i in sorted(nodes):
+            new[i] = t.add(self.tokens[i], new[self.parents[i]], self.q[i], self.confidence[i], self.estimate[i],
+                           self.draft_p[i], self.lookup[i])
+        return t, new
+
     @property
     def max_depth(self) -> int:
         return max((self.depth(i) for i in range(len(self))), default=0)

@@ -21,6 +21,10 @@ first), and a child is drawn only after deciding to add it -- the decision looks
 at q's sorted probabilities, never at the drawn token, which would bias the
 proposals.
 
+Greedy trees are then cut to the nodes worth verifying (`_select`: the best by
+value, as many as tree_budget.TreeBudget.select finds pay).  Sampled trees are
+not: whether a node pays depends on its descendants, hence on its drawn token.
+
 After the round `commit(path)` keeps, in the draft's cache, the accepted nodes it
 has fed; the next round's `sync` feeds the rest, as with chains.
 """
@@ -59,6 +63,24 @@ class TreeDraft:
         spine = self._lookup_under(-1, m)
         logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)), self._width(m + len(spine)))
         self._grow(logits[m - 1:], spine)
+        if params.greedy:
+            self._select()
+
+    def _select(self) -> None:
+        """Keep the nodes worth verifying: the best by value (the estimated chance that
+        the target takes the path to them), as many as the budget selects.  A node's
+        value is at most its parent's, so the best ones form a tree.  Greedy only: under
+        sampling a node's descendants' values depend on its drawn token, and a
+        selection that looked at them would bias the proposals."""
+        value = self.tree.values()
+        order = sorted(range(len(value)), key=lambda i: (-value[i], self.depth[i], i))
+        m = self.budget.select([value[i] for i in order])
+        if m == len(order):
+            return
+        self.tree, new = self.tree.only(order[:m])
+        self.fed = {new[i]: b for i, b in self.fed.items() if i in new}
+        self.depth = {new[i]: d for i, d in self.depth.items() if i in new}
+        self.expanded = [new[i] for i in self.expanded if i in new]
 
     def _distributions(self, logits: mx.array, paths: list[list[int]]):
         """Per row (its tokens after the history in `paths`): (top probability, ranked
