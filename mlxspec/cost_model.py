@@ -46,13 +46,16 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 5  # 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
+FORMAT = 6  # 6: verify widths up to SAMPLED_WIDTH timed SAMPLES times per repeat; 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
 DRAFT_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft forward widths measured (a tree level: at most MAX_BRANCH x a level)
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
 REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
 SAMPLES = 3  # timings per repeat of a plain step and of the draft: every cost is relative to the one and
 # the draft's to both, and a single timing of a short call on a shared machine is noise (0.21-0.35 plain steps)
+SAMPLED_WIDTH = 8  # verify passes up to this width are timed SAMPLES times per repeat too: the median of three
+# single timings priced a pass over 2 positions at 1.05-1.13 plain steps in runs minutes apart (in the loop: 1.04),
+# and whether a sibling pays turns on the step from 2 to 3 positions (1.04 -> 1.20); wider passes are dearer and rarer
 PAD_MIN_SAVING = 0.05  # pad a pass to a wider width only if that saves this much of a plain step (not noise)
 
 
@@ -261,7 +264,7 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
 
     for rep in range(repeats + 1):
         for w in widths:
-            timed(w, lambda: timed_forward(target, w), SAMPLES if w == 1 else 1, keep=rep > 0)
+            timed(w, lambda: timed_forward(target, w), SAMPLES if w <= SAMPLED_WIDTH else 1, keep=rep > 0)
         timed("draft", draft_once, SAMPLES if k_draft else 0, per=max(k_draft, 1), keep=rep > 0)
         for w in DRAFT_WIDTHS if draft_state is not None else ():
             # a draft forward is short: single timings are noise (27-39 ms at one width)

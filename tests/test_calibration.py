@@ -94,11 +94,13 @@ def test_a_lucky_pass_does_not_set_the_price():
     assert cm.draft_step == pytest.approx(0.30, abs=0.01)
 
 
-def test_the_plain_step_and_the_draft_step_are_timed_several_times_per_repeat(tiny_pair, monkeypatch):
+def test_the_plain_step_the_draft_step_and_narrow_passes_are_timed_several_times_per_repeat(tiny_pair, monkeypatch):
     """Every cost is relative to the plain step, and the draft's to both: with one timing
     of each per repeat (three in all) `mlxspec calibrate` priced the default draft's step
     at 0.23, 0.35 and 0.27 plain steps in three runs on one quiet machine, and the rule
-    drafts very differently at each.  Each is now the median of REPEATS x SAMPLES."""
+    drafts very differently at each.  Each is now the median of REPEATS x SAMPLES.  So is
+    a pass over up to SAMPLED_WIDTH positions: one timing each gave a 2-position pass
+    1.05-1.13 plain steps, and a tree's first sibling widens a pass from 2 to 3."""
     seen = {}
 
     def spy(times, relative_cost=0.0):
@@ -108,10 +110,10 @@ def test_the_plain_step_and_the_draft_step_are_timed_several_times_per_repeat(ti
     from_times = cost_model.from_times
     monkeypatch.setattr(cost_model, "from_times", spy)
     dec = make_decoder(tiny_pair)
-    cost_model.calibrate(tiny_pair.target, dec.drafter, 64, widths=(1, 2, 4))
+    cost_model.calibrate(tiny_pair.target, dec.drafter, 64, widths=(1, 2, 4, 12))
     assert seen[1] >= 3 * cost_model.REPEATS and seen["draft"] >= 3 * cost_model.REPEATS
-    assert seen[1] == seen["draft"] == cost_model.REPEATS * cost_model.SAMPLES
-    assert seen[2] == seen[4] == cost_model.REPEATS
+    assert seen[1] == seen["draft"] == seen[2] == seen[4] == cost_model.REPEATS * cost_model.SAMPLES
+    assert seen[12] == cost_model.REPEATS
 
 
 def test_the_drafts_forwards_are_priced_by_their_own_width_curve(tiny_pair, calib_dir):
