@@ -25,9 +25,10 @@ The draft-length policy (draft_length.py) decides from these numbers and the
 acceptance it observes -- never from wall-clock timings taken in the hot path,
 which on a shared machine are noise (and would make seeded runs irreproducible).
 
-`calibrate` measures them once in a few seconds (interleaved, after a warm-up,
-the median over repeats, with several timings per repeat of the plain step and
-the draft step, which everything is relative to) and `for_decoder`
+`calibrate` measures them once in a few seconds (after a warm-up, in sweeps that
+time every width once, round-robin; the median over repeats, with several sweeps
+per repeat for the plain step, the draft step and passes up to SAMPLED_WIDTH
+positions, which everything is relative to or turns on) and `for_decoder`
 caches the result under the mlxspec home, keyed by machine, backend and pair, so
 `generate`, `chat`, `Session` and `bench` reuse it; `mlxspec calibrate`
 re-measures and prints it.  Figures are rounded to two decimals so that a
@@ -262,13 +263,17 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
             if keep:
                 times[key].append((time.perf_counter() - t0) / per)
 
+    # Round-robin: each sweep times every width once, so a spell of load on a shared
+    # machine weighs on all of them alike (timing one width several times in a row
+    # priced a 2-position draft forward at 1.00-1.14 of one position in runs minutes apart)
     for rep in range(repeats + 1):
-        for w in widths:
-            timed(w, lambda: timed_forward(target, w), SAMPLES if w <= SAMPLED_WIDTH else 1, keep=rep > 0)
-        timed("draft", draft_once, SAMPLES if k_draft else 0, per=max(k_draft, 1), keep=rep > 0)
-        for w in DRAFT_WIDTHS if draft_state is not None else ():
-            # a draft forward is short: single timings are noise (27-39 ms at one width)
-            timed(f"draft@{w}", lambda: timed_forward(draft_state, w), SAMPLES, keep=rep > 0)
+        for sweep in range(SAMPLES):
+            for w in widths:
+                timed(w, lambda: timed_forward(target, w), 1 if sweep == 0 or w <= SAMPLED_WIDTH else 0, keep=rep > 0)
+            timed("draft", draft_once, 1 if k_draft else 0, per=max(k_draft, 1), keep=rep > 0)
+            for w in DRAFT_WIDTHS if draft_state is not None else ():
+                # a draft forward is short: single timings are noise (27-39 ms at one width)
+                timed(f"draft@{w}", lambda: timed_forward(draft_state, w), 1, keep=rep > 0)
     target.reset()
     if k_draft:
         drafter.reset()
