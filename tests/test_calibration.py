@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import mlxspec
+from mlxspec.cache import ModelState
 from mlxspec import cost_model
 from mlxspec.api import make_decoder
 
@@ -114,6 +115,27 @@ def test_the_plain_step_the_draft_step_and_narrow_passes_are_timed_several_times
     assert seen[1] >= 3 * cost_model.REPEATS and seen["draft"] >= 3 * cost_model.REPEATS
     assert seen[1] == seen["draft"] == seen[2] == seen[4] == cost_model.REPEATS * cost_model.SAMPLES
     assert seen[12] == cost_model.REPEATS
+
+
+def test_the_widths_are_timed_round_robin(tiny_pair, monkeypatch):
+    """Each sweep times every width once: three timings of one width in a row put a
+    spell of load on that width alone (a 2-position draft forward priced at 1.00-1.14
+    of one in runs minutes apart)."""
+    order = []
+    forward = ModelState.forward
+
+    def spy(self, tokens):
+        order.append((self.model is tiny_pair.target, len(tokens)))
+        return forward(self, tokens)
+
+    drafter = make_decoder(tiny_pair).drafter
+    monkeypatch.setattr(ModelState, "forward", spy)
+    cost_model.calibrate(tiny_pair.target, drafter, 64, widths=(1, 2, 4, 16))
+    target = [w for is_target, w in order if is_target and w in (1, 2, 4, 16)]
+    sweep = [1, 2, 4, 16] + [1, 2, 4] * (cost_model.SAMPLES - 1)
+    assert target == sweep * (cost_model.REPEATS + 1)
+    draft = [w for is_target, w in order if not is_target and w in (2, 3, 16)]  # the draft's forwards by width
+    assert draft[:3] == [2, 3, 16] and draft.count(16) == cost_model.SAMPLES * (cost_model.REPEATS + 1)
 
 
 def test_the_drafts_forwards_are_priced_by_their_own_width_curve(tiny_pair, calib_dir):
