@@ -47,7 +47,8 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 6  # 6: verify widths up to SAMPLED_WIDTH timed SAMPLES times per repeat; 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
+FORMAT = 6  # 6: passes up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards
+# by width; 4: plain and draft steps timed SAMPLES times per repeat
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
 DRAFT_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft forward widths measured (a tree level: at most MAX_BRANCH x a level)
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
