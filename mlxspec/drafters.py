@@ -28,6 +28,7 @@ from .cache import ModelState, common_prefix
 from .draft_length import Round
 from .errors import MlxspecError
 from .sampling import SamplingParams, process_logits, sample
+from .token_ids import fit_rows
 from .views import View
 
 
@@ -80,6 +81,7 @@ class ModelDrafter(Drafter):
         self.state = ModelState(subset.model if subset is not None else model, max_kv_size)
         compiled_forward.attach(self.state)  # the draft's forwards, compiled where they can be
         self.p_min = p_min
+        self.rows = None  # the target's vocabulary rows, which q must span (set by SpeculativeDecoder.use)
         self.cost_key = self.name if subset is None else f"{self.name}/vocab{subset.size}/{subset.fmt}"
 
     def prefill(self, history, should_stop=None):
@@ -90,6 +92,13 @@ class ModelDrafter(Drafter):
     def reset(self):
         self.state.reset()
 
+    def full_logits(self, logits):
+        """Logits over the target's vocabulary (`rows`): a pruned head's scattered, a
+        padded table's cut or filled (token_ids.fit_rows)."""
+        if self.subset is not None:
+            logits = self.subset.scatter(logits)
+        return fit_rows(logits, self.rows)
+
     def _distribution(self, logits, params, context):
         """(log q over the full vocabulary or None, token, log q(token)) for one step."""
         sub = self.subset
@@ -97,9 +106,7 @@ class ModelDrafter(Drafter):
             lp = kernel_ops.normalise(logits)  # over the subset only
             j = mx.argmax(lp, axis=-1)
             return None, sub.ids[j], mx.take_along_axis(lp, j[:, None], axis=-1)[:, 0]
-        if sub is not None:
-            logits = sub.scatter(logits)
-        lp = process_logits(logits, params, context)
+        lp = process_logits(self.full_logits(logits), params, context)
         return lp, None, None
 
     def propose(self, history, k, params, key, rnd=None):

@@ -27,7 +27,7 @@ from .acceptance import leading_accepted, verify
 from .cache import ModelState
 from .cost_model import assumed
 from .draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
-from .drafters import EMPTY, Drafter, PromptLookupDrafter
+from .drafters import EMPTY, Drafter, ModelDrafter, PromptLookupDrafter
 from .errors import MlxspecError
 from .sampling import SamplingParams, new_key, process_logits
 from .stats import GenerationStats
@@ -73,6 +73,9 @@ class SpeculativeDecoder:
         """Draft with `drafter` under `policy` from the next round on (Session and serve swap them
         per conversation or request); trees follow (tree_note is worked out per pair)."""
         self.drafter, self.policy = drafter, policy
+        for d in (drafter, getattr(drafter, "model", None)):  # a hybrid drafter's model part too
+            if isinstance(d, ModelDrafter):
+                d.rows = model_vocab_rows(self.target.model)  # q spans the target's rows (token_ids.fit_rows)
         if getattr(policy, "cost", None) is not None:  # how many re-fed positions ride along (recurrent.py)
             from .cost_model import merge_limit
 

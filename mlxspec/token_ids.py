@@ -70,3 +70,20 @@ def vocab_rows(*sizes) -> int | None:
     """The vocabulary every model can embed: the smallest of the known sizes."""
     known = [n for n in sizes if n is not None]
     return min(known) if known else None
+
+
+def fit_rows(logits, rows: int | None):
+    """A draft's logits over exactly the target's `rows` vocabulary rows (None: as
+    they are).  Checkpoints pad their tables differently (Qwen2.5-7B has 152064 rows,
+    its 0.5B draft 151936): a draft id past the target's table would be fed to the
+    target (garbage or SIGSEGV, above), and q must line up with p, column for column,
+    for the acceptance rule.  Extra columns are cut; missing ones get -inf (q = 0)."""
+    import mlx.core as mx
+
+    n = logits.shape[-1]
+    if rows is None or n == rows:
+        return logits
+    if n > rows:
+        return logits[..., :rows]
+    pad = mx.full(logits.shape[:-1] + (rows - n,), -mx.inf, dtype=logits.dtype)
+    return mx.concatenate([logits, pad], axis=-1)

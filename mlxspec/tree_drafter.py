@@ -37,6 +37,7 @@ import numpy as np
 from . import kernel_ops
 from .errors import MlxspecError
 from .sampling import SamplingParams, process_logits
+from .token_ids import fit_rows
 from .tree import DraftTree
 from .tree_attention import TreeBlock
 from .tree_budget import MAX_BRANCH, TreeBudget
@@ -88,7 +89,7 @@ class TreeDraft:
         d, params = self.drafter, self.params
         sub = d.subset
         if params.greedy and not params.uses_context:
-            lp = kernel_ops.normalise(logits)
+            lp = kernel_ops.normalise(logits if sub is not None else fit_rows(logits, d.rows))  # a subset's own ids
             top = mx.argpartition(-lp, MAX_BRANCH - 1, axis=-1)[:, :MAX_BRANCH] if lp.shape[-1] > MAX_BRANCH \
                 else mx.broadcast_to(mx.arange(lp.shape[-1])[None], lp.shape)
             probs = mx.exp(mx.take_along_axis(lp, top, axis=-1))
@@ -99,10 +100,8 @@ class TreeDraft:
                 ranked = sorted(zip(tk, pr), key=lambda c: -c[1])
                 out.append((ranked[0][1], ranked, None, ranked[0][0]))
             return out
-        if sub is not None:
-            logits = sub.scatter(logits)
         contexts = [self.history + p for p in paths] if params.uses_context else None
-        lp = process_logits(logits, params, contexts)
+        lp = process_logits(d.full_logits(logits), params, contexts)
         q = np.array(mx.exp(lp).astype(mx.float32), dtype=np.float64)
         out = []
         for row in q:
