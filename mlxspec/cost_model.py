@@ -256,13 +256,12 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     times["draft"] = []
     times.update({f"draft@{w}": [] for w in (DRAFT_WIDTHS if draft_state is not None else ())})
 
-    def timed(key, call, samples: int, per: int = 1, keep: bool = True) -> None:
-        """Time `call` `samples` times into times[key] (seconds / `per`; a warm-up keeps none)."""
-        for _ in range(samples):
-            t0 = time.perf_counter()
-            call()
-            if keep:
-                times[key].append((time.perf_counter() - t0) / per)
+    def timed(key, call, per: int = 1, keep: bool = True) -> None:
+        """Time `call` once into times[key] (seconds / `per`; a warm-up keeps none)."""
+        t0 = time.perf_counter()
+        call()
+        if keep:
+            times[key].append((time.perf_counter() - t0) / per)
 
     # Round-robin: each sweep times every width once, so a spell of load on a shared
     # machine weighs on all of them alike (timing one width several times in a row
@@ -270,11 +269,13 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     for rep in range(repeats + 1):
         for sweep in range(SAMPLES):
             for w in widths:
-                timed(w, lambda: timed_forward(target, w), 1 if sweep == 0 or w <= SAMPLED_WIDTH else 0, keep=rep > 0)
-            timed("draft", draft_once, 1 if k_draft else 0, per=max(k_draft, 1), keep=rep > 0)
+                if sweep == 0 or w <= SAMPLED_WIDTH:
+                    timed(w, lambda: timed_forward(target, w), keep=rep > 0)
+            if k_draft:
+                timed("draft", draft_once, per=k_draft, keep=rep > 0)
             for w in DRAFT_WIDTHS if draft_state is not None else ():
                 # a draft forward is short: single timings are noise (27-39 ms at one width)
-                timed(f"draft@{w}", lambda: timed_forward(draft_state, w), 1, keep=rep > 0)
+                timed(f"draft@{w}", lambda: timed_forward(draft_state, w), keep=rep > 0)
     target.reset()
     if k_draft:
         drafter.reset()
