@@ -352,6 +352,7 @@ def cache_key(pair, drafter) -> str | None:
     from .backend import describe
     from .blas_layout import layout
     from .compiled_forward import wanted as compiled_wanted
+    from .fused_projections import wanted as fused_wanted
     from .lean_ops import applied
     from .small_gemm import build_id
 
@@ -370,7 +371,8 @@ def cache_key(pair, drafter) -> str | None:
                         layout(getattr(pair, "draft", None)) if draft else None],
              "lean": [applied(getattr(pair, "target", None)),  # lean_ops.py
                       applied(getattr(pair, "draft", None)) if draft else None],
-             "compiled_draft": compiled_wanted() if draft else None}  # compiled_forward.py
+             "compiled_draft": compiled_wanted() if draft else None,  # compiled_forward.py
+             "fused": fused_wanted()}  # fused_projections.py
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -176,8 +176,22 @@ class LeanMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
 
+    @classmethod
+    def fused(cls, gate_up: nn.Module, down_proj: nn.Module) -> "LeanMLP":
+        """An MLP whose gate and up projections are one product, gate's columns first
+        (fused_projections.py)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.gate_up, new.down_proj = gate_up, down_proj
+        return new
+
     def __call__(self, x: mx.array) -> mx.array:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        if "gate_up" in self:
+            y = self.gate_up(x)
+            n = y.shape[-1] // 2
+            gate, up = y[..., :n], y[..., n:]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         if gate.dtype == up.dtype == mx.float32 and gate.shape == up.shape and \
                 gate.shape[-1] % kernel_ops.SWIGLU_WIDTH == 0:
             return self.down_proj(kernel_ops.swiglu(gate, up))

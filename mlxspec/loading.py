@@ -249,7 +249,7 @@ def load_model_dir(path: Path, name: str = "model"):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from . import blas_layout, draft_weights, lean_ops, packed_weights
+    from . import blas_layout, draft_weights, fused_projections, lean_ops, packed_weights
 
     model_file = read_config(path).get("model_file")
     if model_file:
@@ -266,6 +266,7 @@ def load_model_dir(path: Path, name: str = "model"):
         packed_weights.prepare(model)  # CPU with the small-batch kernel: packed, 16 bits where exact
         blas_layout.prepare(model)  # the other float32 weights: stored as BLAS reads them fastest
         lean_ops.prepare(model)  # CPU: RoPE from shared tables, RMSNorm compiled (fewer MLX operations)
+        fused_projections.prepare(model)  # CPU with the kernel: q/k/v and gate/up as one product each
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:
