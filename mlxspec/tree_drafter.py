@@ -90,11 +90,14 @@ class TreeDraft:
         sub = d.subset
         if params.greedy and not params.uses_context:
             lp = kernel_ops.normalise(logits if sub is not None else fit_rows(logits, d.rows))  # a subset's own ids
-            top = mx.argpartition(-lp, MAX_BRANCH - 1, axis=-1)[:, :MAX_BRANCH] if lp.shape[-1] > MAX_BRANCH \
-                else mx.broadcast_to(mx.arange(lp.shape[-1])[None], lp.shape)
-            probs = mx.exp(mx.take_along_axis(lp, top, axis=-1))
-            ids = sub.ids[top] if sub is not None else top
-            mx.eval(probs, ids)
+            mx.eval(lp)
+            lp = np.array(lp, copy=False)
+            # NumPy's introselect: MLX 0.32's argpartition on the CPU took 0.8 ms for one row
+            # of 65536 (NumPy: 0.08 ms), up to ~4 ms of a round's draft work
+            top = np.argpartition(lp, -MAX_BRANCH, axis=-1)[:, -MAX_BRANCH:] if lp.shape[-1] > MAX_BRANCH \
+                else np.broadcast_to(np.arange(lp.shape[-1])[None], lp.shape)
+            probs = np.exp(np.take_along_axis(lp, top, axis=-1).astype(np.float64))
+            ids = np.array(sub.ids, copy=False)[top] if sub is not None else top
             out = []
             for pr, tk in zip(probs.tolist(), ids.tolist()):
                 ranked = sorted(zip(tk, pr), key=lambda c: -c[1])
