@@ -62,12 +62,15 @@ def test_what_cannot_be_stored_side_by_side_is_left_alone():
 def test_a_later_projection_called_with_another_input_computes_its_own():
     ps = parts("f16")
     first = FusedFirst(fuse(ps), 128)
-    k, v = FusedPart(first, 128, 192), FusedPart(first, 192, 256)
+    k, v = FusedPart(first, 128, 192), FusedPart(first, 192, 256, last=True)
     rng = np.random.default_rng(2)
     x, other = (mx.array(rng.standard_normal((1, 2, 128)).astype(np.float32)) for _ in range(2))
     assert np.array_equal(np.array(first(x)), np.array(ps[0](x)))
     assert np.array_equal(np.array(v(other)), np.array(ps[2](other)))  # not x: its own product
     assert np.array_equal(np.array(k(x)), np.array(ps[1](x)))
+    assert first._last.pair[0] is x
+    assert np.array_equal(np.array(v(x)), np.array(ps[2](x)))
+    assert all(e is None for e in first._last.pair)  # the last one let go of the product (a prompt's is large)
 
 
 def _loaded(tmp_path, monkeypatch, arch, fused: bool):
