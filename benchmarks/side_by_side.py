@@ -14,10 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def arguments(doc: str, prompts: str, max_tokens: int, out: str, repeats: int = 3,
+def arguments(doc: str, prompts: str, max_tokens: int, out: str, repeats: int = 3, extra=None,
               **counts: int) -> argparse.Namespace:
     """The options every side-by-side script takes, with its own defaults; `counts`: a
-    script's own integer options (name: default)."""
+    script's own integer options (name: default); `extra(parser)` adds any others."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--suite", default="code")
     ap.add_argument("--prompts", type=str, default=prompts,
@@ -27,6 +27,8 @@ def arguments(doc: str, prompts: str, max_tokens: int, out: str, repeats: int = 
     for name, default in counts.items():
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--out", type=Path, default=Path(out))
+    if extra is not None:
+        extra(ap)
     return ap.parse_args()
 
 
