@@ -31,9 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import cache, tree_attention  # noqa: E402
+from mlxspec import cache, cost_model, tree_attention  # noqa: E402
 from mlxspec.api import encode_prompt, make_decoder, stream_generate  # noqa: E402
-from mlxspec.cost_model import CostModel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import arguments, chosen_prompts  # noqa: E402
@@ -86,9 +85,12 @@ def priced(decoder, log, cm=None) -> tuple[float, float]:
     return verify, draft
 
 
-def cost_file(path: Path) -> CostModel:
-    fields = json.loads(path.read_text())
-    return CostModel(**{k: v for k, v in fields.items() if k in CostModel.__dataclass_fields__})
+def cost_file(path: Path):
+    """The cost model in a calibration file of any format (cost_model.read), or a one-line exit."""
+    try:
+        return cost_model.read(path, fmt=None)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not a calibration file ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
 
 
 def options(ap) -> None:

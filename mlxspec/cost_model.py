@@ -376,19 +376,25 @@ def cache_key(pair, drafter) -> str | None:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def read(path: Path, fmt: int | None = FORMAT) -> CostModel:
+    """The cost model in a calibration file (OSError, ValueError, KeyError or TypeError
+    when it is not one; of format `fmt`, or of any with None)."""
+    d = json.loads(path.read_text())
+    if fmt is not None and d.get("format") != fmt:
+        raise ValueError(f"format {d.get('format')!r}")
+    cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached",
+                   [float(x) for x in d.get("draft_widths", [])])
+    if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0 and all(v > 0 for v in cm.verify)):
+        raise ValueError("values out of range")
+    return cm
+
+
 def load_cached(key: str, warn=None) -> CostModel | None:
     path = calibration_dir() / f"{key}.json"
     if not path.exists():
         return None
     try:
-        d = json.loads(path.read_text())
-        if d.get("format") != FORMAT:
-            raise ValueError(f"format {d.get('format')!r}")
-        cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached",
-                       [float(x) for x in d.get("draft_widths", [])])
-        if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0 and all(v > 0 for v in cm.verify)):
-            raise ValueError("values out of range")
-        return cm
+        return read(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         if warn is not None:
             warn(f"note: ignoring the calibration file {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); measuring again")

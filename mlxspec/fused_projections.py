@@ -114,15 +114,19 @@ class FusedPart(nn.Module):
         return y[..., self.lo:self.hi]
 
 
-def fuse_attention(attn: nn.Module) -> bool:
+def fuse_attention(model: nn.Module, path: str, attn: nn.Module) -> bool:
+    """Fuse the projections of the attention module `attn` at `path` of `model`."""
+    from .blas_layout import put_module
+
     parts = [attn.q_proj, attn.k_proj, attn.v_proj]
     fused = fuse(parts)
     if fused is None:
         return False
     q, k, v = (p.out_dims for p in parts)
     first = FusedFirst(fused, q)
-    attn.q_proj, attn.k_proj = first, FusedPart(first, q, q + k)
-    attn.v_proj = FusedPart(first, q + k, q + k + v, last=True)
+    for name, new in (("q_proj", first), ("k_proj", FusedPart(first, q, q + k)),
+                      ("v_proj", FusedPart(first, q + k, q + k + v, last=True))):
+        put_module(model, f"{path}.{name}", new)
     return True
 
 
@@ -137,15 +141,11 @@ def prepare(model: nn.Module) -> dict[str, int]:
         return counts
     kinds = attention_classes()
     for path, m in list(model.named_modules()):
-        if type(m) in kinds and fuse_attention(m):
+        if type(m) in kinds and fuse_attention(model, path, m):
             counts["attention"] = counts.get("attention", 0) + 1
         elif type(m) is LeanMLP and "gate_up" not in m:
             fused = fuse([m.gate_proj, m.up_proj])
             if fused is not None and fused.out_dims == 2 * m.gate_proj.out_dims:  # LeanMLP splits it in halves
                 put_module(model, path, LeanMLP.fused(fused, m.down_proj))
                 counts["mlp"] = counts.get("mlp", 0) + 1
-    if counts:
-        from . import blas_layout
-
-        blas_layout.module_changes += 1  # a compiled forward traced before is stale
     return counts
