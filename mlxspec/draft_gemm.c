@@ -240,6 +240,17 @@ static void column_block(int nb, int M, int N, int K, const int8_t *qa, const fl
             C[(size_t)m * ldc + n0 + n] *= acc[m * NB + n];
 }
 
+/* Rows A[0..M) rounded as above into q (M x K), a scale and a sum per block of QB (shared with draft_gemm4.c) */
+void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum)
+{
+    int blocks = K / QB;
+    for (int m = 0; m < M; m++)
+        quantise_row(A + (size_t)m * lda, K, q + (size_t)m * K, scale + (size_t)m * blocks, sum + (size_t)m * blocks);
+}
+
+/* Are products of AMX_MIN_ROWS+ rows on AMX tiles now (draft_gemm4.c follows the same setting)? */
+int mlxspec_draft_amx_on(void) { return HAVE_AMX && amx; }
+
 /* C[0..M) = (A B) x C for int8 B (see the top); 0, or -1 when K is not a multiple of QB or memory ran out. */
 int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
 {
@@ -253,9 +264,7 @@ int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8
         free(qa), free(ascale), free(asum);
         return -1;
     }
-    for (int m = 0; m < M; m++)
-        quantise_row(A + (size_t)m * lda, K, qa + (size_t)m * K, ascale + (size_t)m * blocks,
-                     asum + (size_t)m * blocks);
+    mlxspec_draft_quantise(M, K, A, lda, qa, ascale, asum);
     int nblocks = (N + NB - 1) / NB;
     for (int m0 = 0; m0 < M; m0 += CHUNK) {
         int rows = M - m0 < CHUNK ? M - m0 : CHUNK;
@@ -268,6 +277,13 @@ int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8
     return 0;
 }
 #else
+void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum)
+{
+    (void)M, (void)K, (void)A, (void)lda, (void)q, (void)scale, (void)sum; /* never called without VNNI */
+}
+
+int mlxspec_draft_amx_on(void) { return 0; }
+
 int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
 {
     (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)C, (void)ldc;

@@ -1,5 +1,6 @@
-"""The draft's weights as int8, one scale per output column: half the bytes of its
-16-bit weights, multiplied by draft_gemm.c (integer dot products, AVX-512 VNNI).
+"""The draft's weights rounded: 4-bit in groups of 32 inputs (draft_gemm4.c), or int8
+with one scale per output column (draft_gemm.c) -- a quarter or half the bytes of its
+16-bit weights, multiplied in integers (AVX-512 VNNI, AMX tiles for many rows).
 
 A draft step streams every draft weight once, so its time is mostly bytes: on this
 CPU the default draft's 16-bit products take ~26 ms of a ~36 ms step.
@@ -16,7 +17,19 @@ q + 128 in draft_gemm.c's layout (column blocks of 64; inside, four consecutive
 inputs of each column together).  The kernel rounds each activation row to int8 in
 blocks of 32 (llama.cpp's Q8_0), multiplies in integers, and scales each column of
 the product by s (addmm's C carries s).  The bias, if any, is added after.
-MLXSPEC_DRAFT_INT8=0 keeps the draft's weights as they are (packed_weights.py).
+
+4-bit (MLXSPEC_DRAFT_BITS=4, for layers whose outputs are whole column blocks of
+64): each group of 32 inputs of an output n becomes q = round(w / g) in [-8, 7] with
+g = m / -8, m the group's value of largest magnitude (llama.cpp's Q4_0), stored as
+float16 (q is rounded against the stored g), as nibbles q + 8 in draft_gemm4.c's
+layout; the product's block sums are exact integers, each scaled by the activation
+block's scale times g.  The output projection (and so the pruned head,
+vocab_subset.py) stays int8.  A step of the default draft streams 270 MB instead of
+417 MB and its one-row products take 9 ms instead of 14; measured on the code suite
+(`benchmarks/draft_bits.py`), chains gained 1.06x-1.08x but the default trees 0.99x
+(their wide draft forwards hardly get cheaper, and the rounding costs some
+agreement), so it is not the default.  MLXSPEC_DRAFT_INT8=0 keeps the draft's
+weights as they are (packed_weights.py).
 """
 
 from __future__ import annotations
@@ -32,8 +45,11 @@ from . import packed_weights, small_gemm
 from .packed_weights import NB, PackedLinear
 
 ENV = "MLXSPEC_DRAFT_INT8"  # "0": the draft keeps its exact weights
+BITS_ENV = "MLXSPEC_DRAFT_BITS"  # "4": 4-bit where the layout fits; otherwise int8 (the default)
 FMT = "i8"
+FMT4 = "i4"
 QMAX = 127  # symmetric: q in [-QMAX, QMAX]
+Q4MAX = 7  # 4-bit: q in [-Q4MAX - 1, Q4MAX]; the largest magnitude maps to -Q4MAX - 1
 QB = 32  # draft_gemm.c's activation block: the in-dimension must be a multiple
 
 
@@ -113,6 +129,109 @@ class Int8Linear(PackedLinear):
         return self.scales, 1.0
 
 
+def quantise4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 (out, in) in [-8, 7], g float16 (out, in / QB)) for the float32 (out, in) weight `w`:
+    g = m / -(Q4MAX + 1), m the group's value of largest magnitude (so m itself is q = -8 and
+    all 16 levels are used, as llama.cpp's Q4_0 does), q rounded against the stored g."""
+    N, K = w.shape
+    groups = w.reshape(N, K // QB, QB)
+    m = np.take_along_axis(groups, np.abs(groups).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    g = (m / -(Q4MAX + 1)).astype(np.float16)
+    gf = g.astype(np.float32)
+    q = np.clip(np.rint(groups / np.where(gf != 0, gf, 1)[..., None]), -8, 7).astype(np.int8)
+    q[gf == 0] = 0
+    return q.reshape(N, K), g
+
+
+def to_blocks4(q: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """4-bit q (out N, in K; N a multiple of 64) and its group scales -> draft_gemm4.c's flat
+    bytes: per column block, the nibbles (per QB inputs, four pairs of four-input groups,
+    low nibble the first group) and then the block's float16 scales, group by group."""
+    N, K = q.shape
+    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(N // NB, NB, K // QB, QB // 8, 2, 4)
+    u = u.transpose(0, 2, 3, 1, 5, 4)  # (block, group of QB, pair, column, input, half)
+    nibbles = (u[..., 0] | (u[..., 1] << 4)).reshape(N // NB, -1)
+    scales = np.ascontiguousarray(g.reshape(N // NB, NB, K // QB).transpose(0, 2, 1)).view(np.uint8)
+    return np.concatenate([nibbles, scales.reshape(N // NB, -1)], axis=1).reshape(-1)
+
+
+def from_blocks4(flat: np.ndarray, K: int, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `to_blocks4`: (q int8 (out N, in K), g float16 (out N, in K / QB))."""
+    per = flat.reshape(N // NB, -1)
+    nib = per[:, :K * NB // 2].reshape(N // NB, K // QB, QB // 8, NB, 4)
+    u = np.stack([nib & 0x0F, nib >> 4], axis=-1)  # (block, group, pair, column, input, half)
+    q = (u.transpose(0, 3, 1, 2, 5, 4).reshape(N, K).astype(np.int16) - 8).astype(np.int8)
+    g = np.ascontiguousarray(per[:, K * NB // 2:]).view(np.float16).reshape(N // NB, K // QB, NB)
+    return q, g.transpose(0, 2, 1).reshape(N, K // QB)
+
+
+class Int4Linear(PackedLinear):
+    """A linear layer whose weight is 4-bit with a float16 scale per group of QB inputs."""
+
+    def __init__(self, packed: mx.array, K: int, N: int, bias: mx.array | None = None):
+        super().__init__(packed, K, N, FMT4, bias)
+
+    @staticmethod
+    def fits(N: int, K: int) -> bool:
+        return N % NB == 0 and K % QB == 0
+
+    @classmethod
+    def from_rows(cls, w: np.ndarray, bias: mx.array | None = None) -> "Int4Linear":
+        """Quantise the (out, in) float32 weight `w` (out a multiple of 64, in of QB)."""
+        N, K = w.shape
+        q, g = quantise4(w)
+        flat = to_blocks4(q, g)
+        return cls(mx.array(flat.view(np.float32).reshape(K // 8, 9 * N // 8)), K, N, bias)
+
+    def q(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stored (q (out, in), g (out, in / QB))."""
+        flat = np.asarray(memoryview(self.packed)).reshape(-1).view(np.uint8)
+        return from_blocks4(flat, self.in_dims, self.out_dims)
+
+    def wt(self) -> mx.array:
+        """The weight the kernel rounds to, (in, out) float32: q x g."""
+        q, g = self.q()
+        w = q.reshape(len(q), -1, QB).astype(np.float32) * g.astype(np.float32)[..., None]
+        return mx.array(w.reshape(len(q), -1).T)
+
+    def take_columns(self, ids) -> "Int8Linear":
+        """The output columns `ids` (no bias), as int8 columns of the values stored here."""
+        return Int8Linear.from_rows(np.ascontiguousarray(np.array(self.wt()).T[np.asarray(ids, dtype=np.int64)]))
+
+    def product_c(self) -> tuple[mx.array, float]:
+        """The kernel writes the product (beta 0); a bias is added after."""
+        return packed_weights._ZERO, 0.0
+
+
+def bits() -> int:
+    """4 or 8: what `prepare` rounds a draft's layers to (MLXSPEC_DRAFT_BITS; 8 unless it says 4)."""
+    return 4 if os.environ.get(BITS_ENV, "8") == "4" else 8
+
+
+def reference4(x: np.ndarray, q: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """What draft_gemm4.c computes for rows x (..., K), 4-bit q (N, K), scales g (N, K/QB), in float64."""
+    xq, d = rounded_rows(x)
+    blocks = xq.reshape(*x.shape[:-1], -1, QB).astype(np.float64)
+    per_block = np.einsum("...bk,nbk->...bn", blocks, q.reshape(q.shape[0], -1, QB).astype(np.float64))
+    return (per_block * d[..., None] * g.astype(np.float64).T).sum(axis=-2)
+
+
+@functools.cache
+def works4() -> bool:
+    """Does the kernel compute 4-bit products as documented (checked once, on a small product)?"""
+    if not works() or not small_gemm.formats() & packed_weights.FORMAT_BIT[FMT4]:
+        return False
+    rng = np.random.default_rng(0)
+    K, N = 4 * QB, 2 * NB
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    layer = Int4Linear.from_rows(w)
+    q, g = quantise4(w)
+    x = rng.standard_normal((3, 2, K)).astype(np.float32)
+    want = reference4(x, q, g)
+    got, one = np.array(layer(mx.array(x))), np.array(layer(mx.array(x[0, 0])))
+    return bool(np.allclose(got, want, rtol=1e-4, atol=1e-4) and np.allclose(one, want[0, 0], rtol=1e-4, atol=1e-4))
+
+
 @functools.cache
 def works() -> bool:
     """Does the kernel compute int8 products as documented (checked once, on a small product,
@@ -149,8 +268,8 @@ def reference(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 def prepare(model: nn.Module) -> int:
     """Give every float32 linear layer of the draft `model` (in-dimension a multiple of QB)
-    int8 weights, one layer at a time; run before packed_weights.prepare, which packs
-    what is left.  Returns how many layers changed."""
+    4-bit weights where they fit (`bits`), int8 otherwise, one layer at a time; run before
+    packed_weights.prepare, which packs what is left.  Returns how many layers changed."""
     from .blas_layout import module_at, put_module
 
     if not wanted():
@@ -161,6 +280,8 @@ def prepare(model: nn.Module) -> int:
     for path in todo:
         old = module_at(model, path)
         w = np.asarray(memoryview(old.weight))
-        put_module(model, path, Int8Linear.from_rows(w, old["bias"] if "bias" in old else None))
+        bias = old["bias"] if "bias" in old else None
+        four = bits() == 4 and Int4Linear.fits(*w.shape) and path.split(".")[-1] != "lm_head" and works4()
+        put_module(model, path, (Int4Linear if four else Int8Linear).from_rows(w, bias))
         done += 1
     return done

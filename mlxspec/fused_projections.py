@@ -56,7 +56,7 @@ def fuse(parts: list) -> PackedLinear | None:
     """One packed projection whose columns are those of `parts` in order, or None
     when they cannot be stored side by side (not packed, mixed formats or input
     widths, a width that is not whole column blocks)."""
-    from .draft_weights import Int8Linear
+    from .draft_weights import Int4Linear, Int8Linear
 
     first = parts[0]
     if not all(type(p) is type(first) and isinstance(p, PackedLinear) and p.fmt == first.fmt
@@ -64,10 +64,12 @@ def fuse(parts: list) -> PackedLinear | None:
         return None
     flat = np.concatenate([np.asarray(memoryview(p.packed)).reshape(-1) for p in parts])
     n = sum(p.out_dims for p in parts)
-    packed = mx.array(flat.reshape(first.packed.shape[0], n))
+    packed = mx.array(flat.reshape(first.packed.shape[0], sum(p.packed.shape[1] for p in parts)))
     biases = [p["bias"] if "bias" in p else None for p in parts]
     bias = None if all(b is None for b in biases) else mx.concatenate(
         [b if b is not None else mx.zeros((p.out_dims,), dtype=mx.float32) for b, p in zip(biases, parts)])
+    if isinstance(first, Int4Linear):  # each column block holds its own scales
+        return Int4Linear(packed, first.in_dims, n, bias)
     if isinstance(first, Int8Linear):
         return Int8Linear(packed, mx.concatenate([p.scales for p in parts]), first.in_dims, n, bias)
     return PackedLinear(packed, first.in_dims, n, first.fmt, bias)

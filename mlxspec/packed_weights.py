@@ -40,9 +40,10 @@ import numpy as np
 
 ENV = "MLXSPEC_PACKED"  # "0": off; "f32": column blocks only; default: 16 bits where exact
 NB = 64  # columns per block (small_gemm.c's NB)
-ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03, "i8": 0x7E5A3C04}  # small_gemm.c's PACKED_*
-FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4, "i8": 8}  # mlxspec_gemm_formats(); i8: draft_weights.py
-SPLIT = {"f32": 1, "f16": 2, "bf16": 2, "i8": 4}  # rows the kernel is passed per real row (see the top)
+ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03, "i8": 0x7E5A3C04,
+              "i4": 0x7E5A3C05}  # small_gemm.c's PACKED_*
+FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4, "i8": 8, "i4": 16}  # mlxspec_gemm_formats(); i8, i4: draft_weights.py
+SPLIT = {"f32": 1, "f16": 2, "bf16": 2, "i8": 4, "i4": 8}  # rows the kernel is passed per real row (see the top)
 
 _checked: dict[str, bool] = {}
 _ZERO = mx.array(0.0, dtype=mx.float32)  # addmm's C when there is no bias
@@ -189,7 +190,7 @@ class PackedLinear(nn.Module):
         """x @ W + bias: one addmm on the rows of x as a 2-D matrix (the shape MLX is
         known to send to `cblas_sgemm`: a broadcast view of one row takes another path),
         the bias as its C.  For 16 bits each row is passed as two half rows and the
-        first half of the result is kept (int8: four quarter rows, draft_weights.py)."""
+        first half of the result is kept (int8: four quarter rows, 4-bit: eight; draft_weights.py)."""
         lead = x.shape[:-1]
         rows = 1
         for d in lead:
@@ -197,8 +198,8 @@ class PackedLinear(nn.Module):
         split = SPLIT[self.fmt]
         c, beta = self.product_c()
         y = mx.addmm(c, x.reshape(split * rows, self.in_dims // split), self.packed, alpha=self._alpha, beta=beta)
-        if split > 1:
-            y = y[:rows]
+        if split > 1:  # 4-bit: the packed width holds the group scales too (draft_weights.py)
+            y = y[:rows, :self.out_dims]
         if "bias" in self and c is not self["bias"]:  # C held something else (int8: the scales)
             y = y + self["bias"]
         return y.reshape(*lead, self.out_dims)

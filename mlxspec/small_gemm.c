@@ -24,7 +24,8 @@
  * same memory; rows M..2M-1 of C are left as they were.  C = product + beta C
  * (the bias, which MLX's addmm has copied into C).  An int8 B (PACKED_I8: a
  * draft's rounded weights) goes to draft_gemm.c, with A as (4M, K/4) and C as
- * (4M, N) holding each column's scale.  Packed calls always
+ * (4M, N) holding each column's scale; a 4-bit B (PACKED_I4) to draft_gemm4.c, with
+ * A as (8M, K/8), B as (K/8, 9N/8) (nibbles and group scales) and beta 0.  Packed calls always
  * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill) are
  * computed in chunks of rows.
  *
@@ -64,9 +65,12 @@
 #define PACKED_F16 0x7E5A3C02u
 #define PACKED_BF16 0x7E5A3C03u
 #define PACKED_I8 0x7E5A3C04u   /* int8 B, four A rows per real row, C = product x C (draft_gemm.c) */
+#define PACKED_I4 0x7E5A3C05u   /* 4-bit B, eight A rows per real row, B (K/8, 9N/8), C = product (draft_gemm4.c) */
 
 int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc);
 int mlxspec_draft_gemm_available(void);
+int mlxspec_draft_gemm4(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc);
+int mlxspec_draft_gemm4_available(void);
 int mlxspec_draft_amx(int on);
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
@@ -455,6 +459,16 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
                     C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */
         return;
     }
+    if (bits == PACKED_I4) { /* the real product: M / 8 rows, N = 8/9 of the columns given, K = 8 x those given */
+        int ok = order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == NO_TRANS && M >= 8 && M % 8 == 0 &&
+                 N >= 9 && N % 9 == 0 && K >= 1 && lda == K && beta == 0.0f && mlxspec_draft_gemm4_available();
+        __atomic_add_fetch(&packed_calls, 1, __ATOMIC_RELAXED);
+        if (!ok || mlxspec_draft_gemm4(M / 8, N / 9 * 8, 8 * K, A, 8 * K, (const uint8_t *)B, C, ldc) != 0)
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */
+        return;
+    }
     if ((bits == PACKED_F32 || bits == PACKED_BF16 || (HAVE_F16 && bits == PACKED_F16)) && order == ROW_MAJOR &&
         trans_a == NO_TRANS && trans_b == NO_TRANS && M >= 1 && N >= 1 && K >= 1) {
         packed_sgemm(bits == PACKED_F32 ? F32 : bits == PACKED_F16 ? F16 : BF16, M, N, K, A, lda, B, beta, C, ldc);
@@ -494,7 +508,11 @@ int mlxspec_gemm_enabled(void) { return enabled; }
 long mlxspec_gemm_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
 long mlxspec_gemm_packed_calls(void) { return __atomic_load_n(&packed_calls, __ATOMIC_RELAXED); }
 int mlxspec_gemm_max_rows(void) { return SMALL_M_MAX; }
-/* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16, bit 3 int8 (a draft's). */
-int mlxspec_gemm_formats(void) { return 1 | (HAVE_F16 << 1) | 4 | (mlxspec_draft_gemm_available() << 3); }
+/* The packed formats this build reads: bit 0 float32, bit 1 float16, bit 2 bfloat16, bit 3 int8 and bit 4 4-bit
+ * (a draft's). */
+int mlxspec_gemm_formats(void)
+{
+    return 1 | (HAVE_F16 << 1) | 4 | (mlxspec_draft_gemm_available() << 3) | (mlxspec_draft_gemm4_available() << 4);
+}
 /* The element-wise operations this build computes: bit 0 SwiGLU, bit 1 row softmax, bit 2 row log-softmax. */
 int mlxspec_gemm_elementwise(void) { return 1 | 2 | 4; }

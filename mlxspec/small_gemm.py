@@ -37,7 +37,7 @@ from pathlib import Path
 
 ENV = "MLXSPEC_SMALL_GEMM"  # "0": OpenBLAS takes every call
 SOURCE = Path(__file__).with_name("small_gemm.c")
-SOURCES = (SOURCE, Path(__file__).with_name("draft_gemm.c"))  # compiled into one library
+SOURCES = (SOURCE, Path(__file__).with_name("draft_gemm.c"), Path(__file__).with_name("draft_gemm4.c"))  # one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
 SPIN_COUNT = "30000"  # GOMP_SPINCOUNT: how long idle OpenMP threads spin before they sleep

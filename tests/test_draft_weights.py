@@ -20,7 +20,15 @@ from mlxspec.sampling import process_logits
 from stats_util import chi_square
 from test_sequence_distribution import OTHER_PARAMS, SAMPLES, exact_sequence_probs, sample_sequences
 
-pytestmark = pytest.mark.skipif(not draft_weights.works(), reason="no int8 kernel (needs AVX-512 VNNI)")
+# skipped only where the kernel cannot be built for int8 (no AVX-512 VNNI); a kernel that is
+# built but computes wrongly fails here (works would keep it from ever being used)
+pytestmark = pytest.mark.skipif(not packed_weights.available()
+                                or not small_gemm.formats() & packed_weights.FORMAT_BIT["i8"],
+                                reason="no int8 kernel (needs AVX-512 VNNI)")
+
+
+def test_the_kernel_passes_its_own_check():
+    assert draft_weights.works()
 
 
 def rows_and_weight(m, k, n, seed=0):
@@ -102,7 +110,8 @@ def test_a_malformed_call_is_nan_not_silently_wrong():
     assert np.isnan(np.array(out)).all()
 
 
-def test_a_loaded_pair_rounds_the_draft_only_and_greedy_output_is_unchanged(tmp_path):
+def test_a_loaded_pair_rounds_the_draft_only_and_greedy_output_is_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv(draft_weights.BITS_ENV, "8")  # int8 only (4-bit: test_draft_weights4.py)
     target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
     draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
     pair = mlxspec.load(target, draft_dir)
@@ -127,10 +136,13 @@ def coarse():
     target = tiny_models.build(cfg, seed=3, scale=1.5)
     exact, rounded = tiny_models.build(cfg, seed=4, scale=1.5), tiny_models.build(cfg, seed=4, scale=1.5)
     old, draft_weights.QMAX = draft_weights.QMAX, 1
+    mp = pytest.MonkeyPatch()
+    mp.setenv(draft_weights.BITS_ENV, "8")  # int8 only: QMAX is int8's
     try:
         assert draft_weights.prepare(rounded) > 0
     finally:
         draft_weights.QMAX = old
+        mp.undo()
     return target, exact, rounded
 
 
