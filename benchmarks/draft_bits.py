@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import ROOT, arguments, contender_comparison, spread  # noqa: E402
 
 RATIOS = ["trees 4-bit / trees", "chains 4-bit / chains", "trees / plain", "trees 4-bit / plain",
-          "trees 4-bit / chains 4-bit"]
+          "trees 4-bit / chains 4-bit", "chains 4-bit / trees"]
 
 
 def four_bit_pair(pair):
@@ -88,8 +88,11 @@ def agreement(pair, pair4, max_tokens: int) -> int:
 
 
 def main() -> int:
-    args = arguments(__doc__, "0", 64, "draft-bits.json",
-                     extra=lambda ap: ap.add_argument("--agreement", action="store_true"))
+    def extra(ap):
+        ap.add_argument("--agreement", action="store_true")
+        ap.add_argument("--contenders", default="", help="a comma-separated subset of the contenders (default: all)")
+
+    args = arguments(__doc__, "0", 64, "draft-bits.json", extra=extra)
     pair = mlxspec.load()
     pair4 = four_bit_pair(pair)
     if "i4" not in packed_weights.layout(pair4.draft) or "i4" in packed_weights.layout(pair.draft):
@@ -98,7 +101,16 @@ def main() -> int:
         return 2
     if args.agreement:
         return agreement(pair, pair4, args.max_tokens)
-    return contender_comparison(args, pair, contenders(pair4), RATIOS)
+    chosen = contenders(pair4)
+    if args.contenders:
+        names = [n.strip() for n in args.contenders.split(",")]
+        unknown = [n for n in names if n not in chosen]
+        if unknown:
+            print(f"no contender {unknown[0]!r}: choose from {', '.join(chosen)}", file=sys.stderr)
+            return 2
+        chosen = {n: chosen[n] for n in names}
+    ratios = [r for r in RATIOS if all(side in chosen for side in r.split(" / "))]
+    return contender_comparison(args, pair, chosen, ratios)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,16 @@ def test_bias_leading_dims_and_fused_parts():
     assert fused_projections.fuse([parts[0], Int8Linear.from_rows(w[64:])]) is None  # not side by side
 
 
+def test_take_columns_gives_int8_columns_of_the_stored_values():
+    x, w = rows_and_weight(3, 64, 128)
+    layer = Int4Linear.from_rows(w)
+    ids = np.array([0, 5, 63, 64, 127])
+    sub = layer.take_columns(ids)
+    assert isinstance(sub, Int8Linear) and sub.out_dims == len(ids)
+    stored = np.array(layer.wt())[:, ids]
+    assert np.allclose(np.array(sub.wt()), stored, atol=np.abs(stored).max() / 127)
+
+
 def test_only_whole_column_blocks_fit():
     assert Int4Linear.fits(128, 64) and not Int4Linear.fits(96, 64) and not Int4Linear.fits(128, 48)
 
