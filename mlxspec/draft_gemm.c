@@ -54,6 +54,10 @@
 
 int mlxspec_draft_gemm_available(void) { return HAVE_VNNI; }
 
+/* Column block nb of a product for M (<= CHUNK) rounded rows (see mlxspec_draft_run) */
+typedef void (*mlxspec_draft_block_fn)(int nb, int M, int N, int K, const int8_t *qa, const float *ascale,
+                                       const int32_t *asum, const uint8_t *B, float *C, int ldc);
+
 static int amx; /* products over AMX_MIN_ROWS+ rows on AMX tiles: the same integer sums, so the same result */
 
 /* 1: products of AMX_MIN_ROWS+ rows on AMX tiles where Linux grants them (the default); 0: VNNI only.  Returns
@@ -240,8 +244,8 @@ static void column_block(int nb, int M, int N, int K, const int8_t *qa, const fl
             C[(size_t)m * ldc + n0 + n] *= acc[m * NB + n];
 }
 
-/* Rows A[0..M) rounded as above into q (M x K), a scale and a sum per block of QB (shared with draft_gemm4.c) */
-void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum)
+/* Rows A[0..M) rounded as above into q (M x K), a scale and a sum per block of QB */
+static void quantise_rows(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum)
 {
     int blocks = K / QB;
     for (int m = 0; m < M; m++)
@@ -251,8 +255,11 @@ void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, fl
 /* Are products of AMX_MIN_ROWS+ rows on AMX tiles now (draft_gemm4.c follows the same setting)? */
 int mlxspec_draft_amx_on(void) { return HAVE_AMX && amx; }
 
-/* C[0..M) = (A B) x C for int8 B (see the top); 0, or -1 when K is not a multiple of QB or memory ran out. */
-int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
+/* A product of M rows by a rounded B (this file's int8, draft_gemm4.c's 4-bit): the rows rounded as above,
+ * then `block` computes column block nb for up to CHUNK rows at a time, blocks in parallel; 0, or -1 when K
+ * is not a multiple of QB or memory ran out.  Shared by both formats. */
+int mlxspec_draft_run(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc,
+                      mlxspec_draft_block_fn block)
 {
     if (K % QB != 0)
         return -1;
@@ -264,22 +271,30 @@ int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8
         free(qa), free(ascale), free(asum);
         return -1;
     }
-    mlxspec_draft_quantise(M, K, A, lda, qa, ascale, asum);
+    quantise_rows(M, K, A, lda, qa, ascale, asum);
     int nblocks = (N + NB - 1) / NB;
     for (int m0 = 0; m0 < M; m0 += CHUNK) {
         int rows = M - m0 < CHUNK ? M - m0 : CHUNK;
 #pragma omp parallel for schedule(static) if ((long)rows * N * K >= MIN_PARALLEL_WORK)
         for (int nb = 0; nb < nblocks; nb++)
-            column_block(nb, rows, N, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks,
-                         asum + (size_t)m0 * blocks, B, C + (size_t)m0 * ldc, ldc);
+            block(nb, rows, N, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks, asum + (size_t)m0 * blocks, B,
+                  C + (size_t)m0 * ldc, ldc);
     }
     free(qa), free(ascale), free(asum);
     return 0;
 }
-#else
-void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum)
+
+/* C[0..M) = (A B) x C for int8 B (see the top); 0, or -1 when K is not a multiple of QB or memory ran out. */
+int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
 {
-    (void)M, (void)K, (void)A, (void)lda, (void)q, (void)scale, (void)sum; /* never called without VNNI */
+    return mlxspec_draft_run(M, N, K, A, lda, B, C, ldc, column_block);
+}
+#else
+int mlxspec_draft_run(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc,
+                      mlxspec_draft_block_fn block)
+{
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)C, (void)ldc, (void)block;
+    return -1; /* never called without VNNI */
 }
 
 int mlxspec_draft_amx_on(void) { return 0; }

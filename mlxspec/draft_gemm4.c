@@ -23,14 +23,12 @@
  */
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define NB 64 /* output columns per block (draft_gemm.c's) */
 #define QB 32 /* inputs per activation block and per weight group */
 #define MB 6  /* activation rows per register tile */
-#define CHUNK 32
-#define MIN_PARALLEL_WORK (1 << 18)
+#define CHUNK 32 /* rows per column-block call (draft_gemm.c's mlxspec_draft_run) */
 #define AMX_MIN_ROWS 3
 #define AMX_ROWS 16
 #define BLOCK_NIBBLE_BYTES (QB * NB / 2) /* one group of QB inputs of a column block */
@@ -50,7 +48,10 @@
 int mlxspec_draft_gemm4_available(void) { return HAVE_VNNI4; }
 
 #if HAVE_VNNI4
-void mlxspec_draft_quantise(int M, int K, const float *A, int lda, int8_t *q, float *scale, int32_t *sum);
+typedef void (*mlxspec_draft_block_fn)(int nb, int M, int N, int K, const int8_t *qa, const float *ascale,
+                                       const int32_t *asum, const uint8_t *B, float *C, int ldc);
+int mlxspec_draft_run(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc,
+                      mlxspec_draft_block_fn block);
 int mlxspec_draft_amx_on(void);
 
 /* The block's QB inputs of one pair of groups as two int8-layout operands (four vectors each) */
@@ -188,9 +189,10 @@ static void tile_amx4(int mb, int K, const int8_t *qa, const float *ascale, cons
 #endif
 
 /* Column block nb for M (<= CHUNK) rounded rows: C[m][n0 + n] = the product */
-static void column_block4(int nb, int M, int K, const int8_t *qa, const float *ascale, const int32_t *asum,
+static void column_block4(int nb, int M, int N, int K, const int8_t *qa, const float *ascale, const int32_t *asum,
                           const uint8_t *B, float *C, int ldc)
 {
+    (void)N; /* whole column blocks only */
     float acc[CHUNK * NB];
     int blocks = K / QB;
     const uint8_t *w = B + (size_t)nb * ((size_t)K * NB / 2 + (size_t)blocks * NB * 2);
@@ -213,27 +215,9 @@ static void column_block4(int nb, int M, int K, const int8_t *qa, const float *a
 /* C[0..M) = A B for 4-bit B (see the top); 0, or -1 when N or K do not fit the layout or memory ran out. */
 int mlxspec_draft_gemm4(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
 {
-    if (K % QB != 0 || N % NB != 0)
+    if (N % NB != 0)
         return -1;
-    int blocks = K / QB;
-    int8_t *qa = malloc((size_t)M * K);
-    float *ascale = malloc(sizeof(float) * (size_t)M * blocks);
-    int32_t *asum = malloc(sizeof(int32_t) * (size_t)M * blocks);
-    if (qa == NULL || ascale == NULL || asum == NULL) {
-        free(qa), free(ascale), free(asum);
-        return -1;
-    }
-    mlxspec_draft_quantise(M, K, A, lda, qa, ascale, asum);
-    int nblocks = N / NB;
-    for (int m0 = 0; m0 < M; m0 += CHUNK) {
-        int rows = M - m0 < CHUNK ? M - m0 : CHUNK;
-#pragma omp parallel for schedule(static) if ((long)rows * N * K >= MIN_PARALLEL_WORK)
-        for (int nb = 0; nb < nblocks; nb++)
-            column_block4(nb, rows, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks, asum + (size_t)m0 * blocks,
-                          B, C + (size_t)m0 * ldc, ldc);
-    }
-    free(qa), free(ascale), free(asum);
-    return 0;
+    return mlxspec_draft_run(M, N, K, A, lda, B, C, ldc, column_block4);
 }
 #else
 int mlxspec_draft_gemm4(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc)
