@@ -27,7 +27,7 @@ import sys
 import mlx.core as mx
 from mlx_lm.models import base
 
-from . import kernel_ops
+from . import kernel_ops, small_gemm
 
 
 _attention = {"on": True}
@@ -42,23 +42,39 @@ def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
             queries.dtype != mx.float32 or keys.dtype != mx.float32 or values.dtype != mx.float32:
         return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask,
                                                  sinks=sinks)
-    B, n_q, L, _ = queries.shape
-    n_kv = keys.shape[-3]
+    B, n_q, L, D = queries.shape
+    n_kv, T = keys.shape[-3], keys.shape[-2]
     rep = n_q // n_kv
+    if isinstance(mask, str):  # "causal"
+        mask = mx.arange(T - L, T)[:, None] >= mx.arange(T)[None]
+    g = heads_per_product(rep, L) if mask is None or mask.ndim <= 2 else 1
     q = queries * scale
-    if rep > 1:  # the query heads sharing a key head: one product of L rows each, as MLX's fallback makes
-        q = q.reshape(B, n_kv, rep, L, q.shape[-1])
+    if rep > 1:  # the query heads sharing a key head: g of them (g * L rows) scored by one product
+        q = q.reshape(B, n_kv, rep // g, g * L, D)
         keys, values = mx.expand_dims(keys, -3), mx.expand_dims(values, -3)
     scores = q @ mx.swapaxes(keys, -1, -2)
     if mask is not None:
-        if isinstance(mask, str):  # "causal"
-            q_len, k_len = scores.shape[-2:]
-            mask = mx.arange(k_len - q_len, k_len)[:, None] >= mx.arange(k_len)[None]
-        if rep > 1 and mask.ndim > 3:
+        if g > 1:  # each head's L rows under the same (L, T) mask
+            scores = scores.reshape(B, n_kv, rep // g, g, L, T)
+        elif rep > 1 and mask.ndim > 3:
             mask = mx.expand_dims(mask, -3)
         scores = mx.where(mask, scores, mx.finfo(mx.float32).min) if mask.dtype == mx.bool_ else scores + mask
-    out = kernel_ops.softmax(scores) @ values
+    out = kernel_ops.softmax(scores).reshape(*q.shape[:-1], T) @ values
     return out.reshape(B, n_q, L, out.shape[-1]) if rep > 1 else out
+
+
+def heads_per_product(rep: int, L: int) -> int:
+    """How many of the `rep` query heads sharing a key head one product scores together
+    (their L rows each stacked): the most, a divisor of `rep`, whose rows the kernel's
+    small products still take.  There each score is one dot product and each output one
+    sum in a fixed order, whatever the other rows, so grouping heads changes no bit -- and
+    reads the keys and values once instead of once per head.  1 when the kernel does not
+    take the products (another BLAS's sums may depend on the shape)."""
+    limit = small_gemm.max_rows() if rep > 1 and small_gemm.enabled() else 0
+    for g in range(rep, 1, -1):
+        if rep % g == 0 and g * L <= limit:
+            return g
+    return 1
 
 
 def attention_modules() -> tuple:

@@ -96,3 +96,36 @@ def test_greedy_speculative_equals_plain_with_lean_attention(tmp_path):
         for tree in (True, False):
             spec = mlxspec.generate(pair, prompt, max_tokens=24, chat_template=False, tree=tree, num_draft=4)
             assert spec.tokens == plain
+
+
+@pytest.mark.parametrize("n_q,n_kv", [(14, 2), (12, 2), (6, 2), (4, 4)])
+@pytest.mark.parametrize("mask", [None, "causal", "bool", "additive"])
+def test_heads_scored_together_give_the_same_bits_as_one_by_one(monkeypatch, n_q, n_kv, mask):
+    """Query heads sharing a key head are scored by one product where the kernel takes
+    its rows (heads_per_product): every output bit for bit what a product per head gives,
+    for blocks from a plain step's one position to a verify pass's many."""
+    for L in (1, 2, 3, 5, 6, 8, 11, 16, 33):
+        q, k, v = qkv(L, 60, n_q, n_kv, seed=L)
+        m = {"bool": mx.array(np.random.default_rng(L).random((L, 60)) < 0.6) | mx.array(np.eye(L, 60, 60 - L, dtype=bool)),
+             "additive": mx.array(np.random.default_rng(L).standard_normal((L, 60)).astype(np.float32))}.get(mask, mask)
+        if mask is None and L > 1:
+            continue
+        grouped = np.array(lean_attention.lean_attention(q, k, v, None, 0.2, m))
+        with monkeypatch.context() as mp:
+            mp.setattr(lean_attention, "heads_per_product", lambda rep, L: 1)
+            alone = np.array(lean_attention.lean_attention(q, k, v, None, 0.2, m))
+        assert np.array_equal(grouped, alone), f"L={L}"
+
+
+def test_heads_per_product_fills_the_kernels_rows():
+    limit = small_gemm.max_rows()
+    assert lean_attention.heads_per_product(7, 1) == 7
+    assert lean_attention.heads_per_product(6, 5) == 6 and 6 * 5 <= limit
+    assert lean_attention.heads_per_product(6, 8) == 3  # 24 rows; all 6 would be 48
+    assert lean_attention.heads_per_product(7, 5) == 1  # 35 rows: the per-head products
+    assert lean_attention.heads_per_product(1, 1) == 1
+    old = small_gemm.set_enabled(False)
+    try:
+        assert lean_attention.heads_per_product(7, 1) == 1  # OpenBLAS takes the products: shapes kept
+    finally:
+        small_gemm.set_enabled(old)
