@@ -80,6 +80,7 @@ DECAY = 0.98  # older observations fade, so acceptance follows the text
 PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallback (doubling)
 RATE_PRIOR = (3.0, 2.0)  # (tokens, plain steps) behind the long-run rate before any round: 1.5x
 RATE_DECAY = 0.9  # per round: the long-run rate follows the text
+SIBLING_PRIOR = (1.0, 1.0)  # (taken, predicted) behind a tree's sibling scale before any sibling was verified
 Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound on the mean acceptance that `more` bets on
 
 
@@ -227,7 +228,7 @@ class PerToken:
         self.kept = [c * PRIOR_WEIGHT for c in centers] + [0.5 * PRIOR_WEIGHT]
         self.seen = [PRIOR_WEIGHT] * (len(centers) + 1)
         self.mean = {False: Mean(0.6), True: Mean(0.5)}  # by source: the draft model, lookup (True)
-        self.siblings = [1.0, 1.0]  # a tree's later siblings: [taken, predicted] (tree_budget.py)
+        self.siblings = list(SIBLING_PRIOR)  # a tree's later siblings: [taken, predicted] (tree_budget.py)
         self.forced = False  # a probe: draft regardless of the rule
         self.plain_since, self.probe_wait, self.fallback = 0, PROBE_EVERY, False
         self.stats = None
