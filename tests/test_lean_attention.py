@@ -106,8 +106,9 @@ def test_heads_scored_together_give_the_same_bits_as_one_by_one(monkeypatch, n_q
     for blocks from a plain step's one position to a verify pass's many."""
     for L in (1, 2, 3, 5, 6, 8, 11, 16, 33):
         q, k, v = qkv(L, 60, n_q, n_kv, seed=L)
-        m = {"bool": mx.array(np.random.default_rng(L).random((L, 60)) < 0.6) | mx.array(np.eye(L, 60, 60 - L, dtype=bool)),
-             "additive": mx.array(np.random.default_rng(L).standard_normal((L, 60)).astype(np.float32))}.get(mask, mask)
+        rng = np.random.default_rng(L)
+        m = {"bool": mx.array(rng.random((L, 60)) < 0.6) | mx.array(np.eye(L, 60, 60 - L, dtype=bool)),
+             "additive": mx.array(rng.standard_normal((L, 60)).astype(np.float32))}.get(mask, mask)
         if mask is None and L > 1:
             continue
         grouped = np.array(lean_attention.lean_attention(q, k, v, None, 0.2, m))
