@@ -51,9 +51,20 @@ def timings(state, history: list[int], width: int, n: int) -> tuple[list[float],
     return out, argmax
 
 
+def lengths(text: str) -> list[int]:
+    """--contexts: comma-separated token counts, each at least 1 (refused before anything loads)."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated whole numbers of tokens, e.g. 100,1500")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--contexts", default="100,1500")
+    ap.add_argument("--contexts", type=lengths, default="100,1500")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--timings", type=int, default=6)
     args = ap.parse_args()
@@ -63,7 +74,7 @@ def main() -> int:
         print(f"grouped_attention: {e}", file=sys.stderr)
         return 2
     same = True
-    for n_ctx in map(int, args.contexts.split(",")):
+    for n_ctx in args.contexts:
         history = [1000 + (i * 37) % 5000 for i in range(n_ctx)]
         draft, target = ModelState(pair.draft), ModelState(pair.target)
         compiled_forward.attach(draft)
