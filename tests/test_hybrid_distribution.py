@@ -16,7 +16,8 @@ from stats_util import chi_square
 from test_hybrid_equality import break_rollback
 from test_sequence_distribution import LENGTH, PROMPT, V, exact_sequence_probs
 
-SAMPLES = 800  # the broken controls fail at p < 1e-28 with these (threshold 1e-3); sound rollbacks pass at p > 0.3
+SAMPLES = 400  # the broken controls fail at p < 1e-15 with these (1.4e-16, 1.2e-39; threshold 1e-3);
+# sound rollbacks pass at p > 0.6 (at 800: 8.7e-29, 6.9e-101; p > 0.3)
 PARAMS = SamplingParams(temp=1.0)
 LOOKUP_PROMPT = [4, 6, 5, 4, 6, 5, 4]  # picked among the 336 prompts "abcabca": lfm2 continues it with b half the time
 
