@@ -1,10 +1,23 @@
-"""`mlxspec calibrate`: measure (again) a pair's draft and verify costs (cost_model.py) and cache them."""
+"""`mlxspec calibrate`: measure (again) a pair's draft and verify costs (cost_model.py) and cache them
+-- unless other programs kept the machine busy meanwhile (machine_load.py): then exit 1, the
+earlier calibration kept."""
 
 from __future__ import annotations
 
 import json
 
 from .cost_model import cache_key, calibration_dir, for_decoder
+from .machine_load import describe, too_busy
+
+
+def _check_cached(cm) -> None:
+    """Exit 1 when the figures were not cached: other programs kept the machine busy while
+    they were measured (machine_load.py), so they are off; an earlier calibration stays."""
+    import click
+
+    if too_busy(cm.busy):
+        raise click.ClickException(f"not cached: {describe(cm.busy)} while measuring; run it again when the "
+                                   "machine is idle")
 
 
 def _command():
@@ -31,6 +44,7 @@ def _command():
         cm = for_decoder(pair, d, refresh=True, say=None)
         if as_json:
             click.echo(json.dumps({"pair": pair.describe(), "drafter": d.name, **cm.to_dict()}))
+            _check_cached(cm)
             return
         click.echo(f"{pair.describe()}, drafter {d.name}")
         click.echo(f"plain target step: {1000 * cm.plain_step_s:.1f} ms")
@@ -40,6 +54,7 @@ def _command():
             click.echo("draft forward by width (its own steps): "
                        + ", ".join(f"{w}: {cm.draft_curve(w):.2f}" for w in (1, 2, 3, 4, 8, 16)))
         key = cache_key(pair, d)
+        _check_cached(cm)
         click.echo(f"cached in {calibration_dir() / (key + '.json')}" if key else "(not cached: models without a folder)")
 
     return calibrate_cmd

@@ -47,6 +47,8 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .machine_load import Watch
+
 FORMAT = 6  # 6: passes up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards
 # by width; 4: plain and draft steps timed SAMPLES times per repeat
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
@@ -68,6 +70,7 @@ class CostModel:
     plain_step_s: float = 0.0  # seconds of one plain target step, for display only
     source: str = "assumed"  # assumed | measured | cached
     draft_widths: list = field(default_factory=list)  # draft_widths[w-1]: a draft forward over w positions / over 1
+    busy: float | None = None  # measured: the cores other programs kept busy meanwhile (machine_load.py)
 
     def pad_width(self, w: int) -> int:
         """The width to run a pass over w >= 1 positions at: w, or a wider width of
@@ -432,7 +435,14 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
     vocab = _vocab_rows(pair)
     if key is not None and say is not None:
         say("calibrating the draft and verify costs on this machine (once per pair; `mlxspec calibrate` to redo)")
-    cm = calibrate(pair.target, drafter, vocab)
+    with Watch() as watch:
+        cm = calibrate(pair.target, drafter, vocab)
+    cm.busy = watch.others
+    if watch.busy():  # its prices are off: used for this run only (machine_load.py)
+        if say is not None:
+            say(f"note: {watch.describe()} while calibrating: these costs are not cached and will be "
+                "measured again next time (or run `mlxspec calibrate` when the machine is idle)")
+        return cm
     if key is not None:
         try:
             save(key, cm)

@@ -12,6 +12,10 @@ if "MLXSPEC_CALIBRATION_DIR" not in os.environ:
     CALIBRATION_TMP = tempfile.mkdtemp(prefix="mlxspec-calibration-")
     os.environ["MLXSPEC_CALIBRATION_DIR"] = CALIBRATION_TMP
 
+# calibrations are cached whatever else runs on the machine, except in test_machine_load.py,
+# which tests the limit with real load
+os.environ["MLXSPEC_BUSY_CORES"] = "inf"
+
 # A suite started as a background job of a non-interactive shell (`cmd &` in a script) gets SIGINT
 # ignored, and every child would inherit that: the Ctrl-C tests send their children SIGINT as a
 # terminal would, so they take it as a user's process does.

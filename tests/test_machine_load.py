@@ -1,0 +1,118 @@
+"""A calibration taken while other programs keep the machine busy is not cached
+(mlxspec/machine_load.py): its prices are off, and a cached one would mis-size every
+later run.  The load here is real: processes spinning on every core."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlxspec import cost_model, machine_load
+from mlxspec.api import make_decoder
+from mlxspec.errors import MlxspecError
+
+pytestmark = pytest.mark.skipif(machine_load.machine_busy_seconds() is None,
+                                reason="the machine's busy time is unreadable here (no /proc/stat)")
+
+
+@pytest.fixture(autouse=True)
+def default_limit(monkeypatch):
+    monkeypatch.delenv(machine_load.ENV)  # conftest.py lifts it for the rest of the suite
+
+
+@pytest.fixture
+def calib_dir(tmp_path, monkeypatch):
+    d = tmp_path / "calibration"
+    monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def spinners():
+    """Other programs keeping every core busy while the test runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    time.sleep(0.5)  # started and spinning
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_other_programs_cpu_is_counted(spinners):
+    with machine_load.Watch() as w:
+        time.sleep(1.0)
+    assert w.others is not None and w.others > machine_load.BUSY_CORES and w.busy()
+    assert "cores busy on average" in w.describe()
+
+
+def test_this_process_own_cpu_is_not_counted():
+    """Our own work (here a core spinning in this process) is what is being measured."""
+    with machine_load.Watch() as w:
+        _spin(1.0)
+    assert w.others is not None and w.others < machine_load.BUSY_CORES and not w.busy()
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "nan"])
+def test_a_bad_limit_is_one_line(monkeypatch, text):
+    monkeypatch.setenv(machine_load.ENV, text)
+    with pytest.raises(MlxspecError, match="MLXSPEC_BUSY_CORES=.*give a number of cores"):
+        machine_load.too_busy(1.0)
+
+
+def test_the_limit_can_be_lifted(monkeypatch, spinners):
+    monkeypatch.setenv(machine_load.ENV, "inf")
+    with machine_load.Watch() as w:
+        time.sleep(0.5)
+    assert w.others > machine_load.BUSY_CORES and not w.busy()
+
+
+def test_unknown_where_the_busy_time_cannot_be_read(monkeypatch, tmp_path, spinners):
+    monkeypatch.setattr(machine_load, "STAT", str(tmp_path / "missing"))
+    with machine_load.Watch() as w:
+        time.sleep(0.2)
+    assert w.others is None and not w.busy()
+
+
+def test_a_calibration_on_a_busy_machine_is_used_but_not_cached(tiny_pair, calib_dir, capsys, spinners):
+    cost = make_decoder(tiny_pair).policy.cost
+    err = capsys.readouterr().err
+    assert cost.source == "measured" and cost.busy > machine_load.BUSY_CORES
+    assert "note: other programs kept" in err and "not cached" in err and "Traceback" not in err
+    assert not list(calib_dir.glob("*.json"))  # measured again next time
+    make_decoder(tiny_pair)
+    assert "calibrating" in capsys.readouterr().err
+
+
+def test_calibrate_command_on_a_busy_machine_exits_1_and_keeps_the_earlier_calibration(
+        tiny_pair_dirs, tiny_pair, calib_dir):
+    make_decoder(tiny_pair)  # measured on the idle machine: cached
+    path, = calib_dir.glob("*.json")
+    before = path.read_text()
+    assert json.loads(before)["busy"] <= machine_load.BUSY_CORES
+    target, draft = tiny_pair_dirs
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        out = subprocess.run([sys.executable, "-m", "mlxspec.cli", "calibrate", "--model", str(target), "--draft",
+                              str(draft)], capture_output=True, text=True, env={**os.environ}, timeout=600)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: not cached: other programs kept") and "idle" in last
+    assert "Traceback" not in out.stderr
+    assert "draft step:" in out.stdout  # what was measured is still shown
+    assert path.read_text() == before and len(list(calib_dir.glob("*"))) == 1
