@@ -47,7 +47,7 @@ from statistics import median
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .machine_load import Watch
+from .machine_load import Watch, limit
 
 FORMAT = 6  # 6: passes up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards
 # by width; 4: plain and draft steps timed SAMPLES times per repeat
@@ -432,6 +432,7 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
     cm = None if (refresh or key is None) else load_cached(key, warn=say)
     if cm is not None:
         return cm
+    limit()  # a bad MLXSPEC_BUSY_CORES is refused before the measuring, not after it
     vocab = _vocab_rows(pair)
     if key is not None and say is not None:
         say("calibrating the draft and verify costs on this machine (once per pair; `mlxspec calibrate` to redo)")

@@ -2,12 +2,13 @@
 
 A calibration (cost_model.py) times the draft and the target against each other on
 the CPU this process shares with everything else, and is cached for every later
-run.  Measured here with the test suite running beside it, one calibration priced
-the default draft's step at 0.55 plain steps and another at 1.07 -- on an idle
-machine it is 0.23 -- because a draft step (many short operations handed between
-threads) suffers more from a competing program than a target pass (bound by
-memory) does.  Nothing in the timings themselves gives that away: their spread was
-as small as on an idle machine in the first of the two.  The CPU time other programs
+run.  Measured here with the test suite running beside it, calibrations priced the
+default draft's step at 0.76, 0.55 and 1.07 plain steps -- 0.26 on the same machine
+idle -- because a draft step (many short operations handed between threads) suffers
+more from a competing program than a target pass (bound by memory) does; the first
+also priced a pass over 4 positions as one over 1, and a round then made 2.78 tokens
+instead of ~5.  Nothing in the timings themselves gives that away: the spread of the
+second's was as small as on an idle machine.  The CPU time other programs
 used does: a cached calibration taken while they kept the machine busy would mis-size
 every later round (drafts priced too dear: rounds too short, or plain decoding).
 

@@ -71,6 +71,13 @@ def test_a_bad_limit_is_one_line(monkeypatch, text):
         machine_load.too_busy(1.0)
 
 
+def test_a_bad_limit_is_refused_before_the_measuring(monkeypatch, tiny_pair, calib_dir, capsys):
+    monkeypatch.setenv(machine_load.ENV, "lots")
+    with pytest.raises(MlxspecError, match="MLXSPEC_BUSY_CORES"):
+        make_decoder(tiny_pair)
+    assert "calibrating" not in capsys.readouterr().err and not list(calib_dir.glob("*.json"))
+
+
 def test_the_limit_can_be_lifted(monkeypatch, spinners):
     monkeypatch.setenv(machine_load.ENV, "inf")
     with machine_load.Watch() as w:
