@@ -38,8 +38,9 @@ so a sibling worth little can take a position that a pass gets for free (on a CP
 3 positions can cost what 1 does); the sure node below it, worth more, would be
 verified before it, and select then judges the sibling at the dearer position
 left.  Priced after the sibling, that node looked dear and the tree stopped where
-a chain went on (`benchmarks/priced_rounds.py` on this session's calibration:
-chat 1.52x against chains' 1.61x, creative 1.29x against 1.32x).  Sampled trees
+a chain went on (`benchmarks/priced_rounds.py` on an AMD EPYC's calibration, stop
+39: chat 1.52x against chains' 1.61x, creative 1.29x against 1.32x; priced at its
+rank, 1.59x and 1.33x).  Sampled trees
 are verified whole, so there every node is priced after all the others.
 
 With one child per node this is the chain rule exactly; siblings only enter when
