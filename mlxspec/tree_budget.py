@@ -31,18 +31,6 @@ branches are judged on their own.
   lookahead grows through the flat part (measured with benchmarks/priced_rounds.py:
   1-6 % more per plain step on four of five code prompts, the fifth unchanged).
 
-A greedy tree is priced as `select` will verify it: a node takes the verify
-position its value ranks among the tree's nodes (`_slot`), not the next one after
-every node grown so far.  Siblings of a node are judged before the nodes below it,
-so a sibling worth little can take a position that a pass gets for free (on a CPU,
-3 positions can cost what 1 does); the sure node below it, worth more, would be
-verified before it, and select then judges the sibling at the dearer position
-left.  Priced after the sibling, that node looked dear and the tree stopped where
-a chain went on (`benchmarks/priced_rounds.py` on an AMD EPYC's calibration, stop
-39: chat 1.52x against chains' 1.61x, creative 1.29x against 1.32x; priced at its
-rank, 1.59x and 1.33x).  Sampled trees
-are verified whole, so there every node is priced after all the others.
-
 With one child per node this is the chain rule exactly; siblings only enter when
 the cost model says that a wider verify pass pays for them (on a GPU, where width
 is nearly free, trees grow wide; on a CPU they stay close to chains).
@@ -57,38 +45,18 @@ MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
 
 
 class TreeBudget:
-    def __init__(self, policy, max_depth: int, max_nodes: int = MAX_TREE_NODES, selects: bool = False):
-        """`selects`: the tree is cut to its best nodes by value afterwards (`select`,
-        greedy trees): a node is then priced at the verify position its value ranks."""
+    def __init__(self, policy, max_depth: int, max_nodes: int = MAX_TREE_NODES):
         self.policy, self.k = policy, max_depth
         self.max_nodes = max_nodes
         self.nodes, self.kept = 0, 0
-        self.e = 1.0
+        self.e, self.t = 1.0, 1.0
         self.draft = 0.0  # draft forwards paid (plain steps)
-        self.values: list[float] = []  # the included nodes' values
-        self.selects = selects
         self.rate = policy.rate() if hasattr(policy, "rate") else None  # the bar, as for chains (draft_length.py)
         self.stop_reason = "cap"
 
     @property
     def cost(self):
         return self.policy.cost
-
-    @property
-    def t(self) -> float:
-        """The round's time so far, in plain steps: the draft forwards paid and a verify
-        pass over the pending token and every node."""
-        return self.draft + self.cost.verify_width(self.nodes + 1)
-
-    def _slot(self, v: float) -> int:
-        """How many nodes a new node of value `v` is verified after.  Without `select`, all
-        of them.  With it, those of value >= v: the best nodes by value are verified, so a
-        node worth more than some already in the tree takes the position they held, and
-        select then judges them at the positions left (a sibling worth little that took a
-        cheap position must not make the better node below it look dear)."""
-        if not self.selects:
-            return self.nodes
-        return sum(1 for x in self.values if x >= v)
 
     def first_child(self, confidence: float) -> float:
         return self.policy.acceptance(confidence)
@@ -120,6 +88,7 @@ class TreeBudget:
         return n
 
     def _paid(self, draft: float) -> None:
+        self.t += draft
         self.draft += draft
 
     def _draft_width(self, before: int, after: int) -> float:
@@ -128,26 +97,24 @@ class TreeBudget:
         cm = self.cost
         return cm.draft_width(after) - (cm.draft_width(before) if before else 0.0)
 
-    def _later(self, slot: int):
-        """The cost of the j-th node below a next one verified after `slot` nodes (for pays_ahead)."""
-        return lambda j: self.cost.draft_step + self.cost.extra(slot + 2 + j)
+    def _later(self, j: int) -> float:
+        """The cost of the j-th node below the next one on a path (for pays_ahead)."""
+        return self.cost.draft_step + self.cost.extra(self.nodes + 2 + j)
 
     def include(self, v: float, depth: int | None = None) -> bool:
         """`depth`: the candidate's depth, to look ahead below it (None: judge it alone)."""
         if self.nodes >= self.max_nodes:
             self.stop_reason = "cap"
             return False
-        slot = self._slot(v)
-        extra = self.cost.extra(slot + 2)
+        extra = self.cost.extra(self.nodes + 2)
         horizon = 1 if depth is None else self.k - depth + 1
         if not (self.policy.forced and self.nodes == 0) and not pays_ahead(
-                v, 1.0, self.policy.mean_acceptance(), extra, self._later(slot), *bar(self.t, self.e, self.rate),
-                horizon):
+                v, 1.0, self.policy.mean_acceptance(), extra, self._later, *bar(self.t, self.e, self.rate), horizon):
             self.stop_reason = "confidence"
             return False
         self.nodes += 1
         self.e += v
-        self.values.append(v)
+        self.t += extra
         return True
 
     def expand(self, values: list, depth: int) -> int:
@@ -162,8 +129,7 @@ class TreeBudget:
             step = self._draft_width(n, n + 1)
             forced = pol.forced and self.nodes == 0
             horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
-            slot = self._slot(v * a)  # where its first child would be verified
-            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(slot + 2), self._later(slot),
+            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,
                                              *bar(self.t, self.e, self.rate), horizon):
                 break
             self._paid(step)
@@ -184,6 +150,4 @@ class TreeBudget:
         b = max(x / y for x, y in zip(e, t))
         if self.rate is not None:
             b = min(b, self.rate)
-        m = max(range(len(e)), key=lambda m: (e[m] - b * t[m], m))
-        self.nodes, self.e, self.values = m, e[m], list(values[:m])  # the round's E and T: what is verified
-        return m
+        return max(range(len(e)), key=lambda m: (e[m] - b * t[m], m))

@@ -40,38 +40,6 @@ def test_select_keeps_the_count_that_pays_at_the_bar():
     assert budget(None).select([]) == 0
 
 
-def test_select_leaves_the_rounds_e_and_t_at_what_is_verified():
-    """The long-run rate (draft_length.py) learns from each round's E and T: after the
-    cut they are the verified nodes', not the grown tree's."""
-    b = budget(None)
-    assert b.select([0.9, 0.6, 0.2]) == 2
-    assert (b.nodes, b.e, b.t) == (2, pytest.approx(2.5), pytest.approx(0.5 + 1.2))
-
-
-# Positions 2 and 3 as cheap as one (a CPU where a 3-row product costs what one does), then
-# dearer by the position.
-FREE_TWO = [1.0, 1.0, 1.0, 1.35, 1.7, 2.05, 2.4, 2.75]
-
-
-@pytest.mark.parametrize("selects", [True, False])
-def test_a_node_is_priced_at_the_position_its_value_ranks(selects):
-    """A sibling worth 0.08 took the third position, free; the sure first child's own
-    child (worth ~0.9) would be verified before it once select keeps the best nodes by
-    value, so it is priced at the free position and the tree grows, as a chain would.
-    Without select (sampling: every grown node is verified) it takes the fourth, dear
-    position, and growing does not pay."""
-    pol = PerToken(CostModel(0.25, FREE_TWO), 8)
-    pol.rate = lambda: None  # the round's own E/T
-    b = TreeBudget(pol, 8, selects=selects)
-    assert b.expand([1.0], 0) == 1
-    a = pol.acceptance(0.9)
-    assert b.include(a, 1) and b.include(0.08, None)
-    assert b.nodes == 2 and b.t == pytest.approx(0.25 + 1.0)
-    assert b.expand([a], 1) == (1 if selects else 0)
-    chain = pol.round(8)  # the chain rule at the same point: one token kept, the next position free
-    assert chain.more() and chain.offer(0.9) and chain.more()
-
-
 def test_only_keeps_the_nodes_under_their_parents_and_maps_them():
     t = DraftTree()
     for tok, parent, est in ((10, -1, 0.9), (11, 0, 0.5), (12, -1, 0.2), (13, 1, 0.5), (14, 2, 1.0)):
