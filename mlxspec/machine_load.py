@@ -7,8 +7,8 @@ default draft's step at 0.76, 0.55 and 1.07 plain steps -- 0.26 on the same mach
 idle -- because a draft step (many short operations handed between threads) suffers
 more from a competing program than a target pass (bound by memory) does; the first
 also priced a pass over 4 positions as one over 1, and a round then made 2.78 tokens
-instead of ~5.  Nothing in the timings themselves gives that away: the spread of the
-second's was as small as on an idle machine.  The CPU time other programs
+instead of ~5.  Nothing in the timings themselves gives that away: the second's
+spread no more than 1.2x between the largest and smallest timing of each width.  The CPU time other programs
 used does: a cached calibration taken while they kept the machine busy would mis-size
 every later round (drafts priced too dear: rounds too short, or plain decoding).
 
