@@ -58,10 +58,19 @@ def test_other_programs_cpu_is_counted(spinners):
 
 
 def test_this_process_own_cpu_is_not_counted():
-    """Our own work (here a core spinning in this process) is what is being measured."""
-    with machine_load.Watch() as w:
-        _spin(1.0)
-    assert w.others is not None and w.others < machine_load.BUSY_CORES and not w.busy()
+    """Our own work (here a core spinning in this process) is what is being measured:
+    spinning adds nothing to `others` over what the machine does while we sleep
+    (measured alternately, so that background work -- the kernel's after a heavy test
+    suite: ~0.6 cores once in CI -- weighs on both alike).  Counted, it would add ~1."""
+    idle, spinning = [], []
+    for _ in range(3):
+        with machine_load.Watch() as w:
+            time.sleep(0.4)
+        idle.append(w.others)
+        with machine_load.Watch() as w:
+            _spin(0.4)
+        spinning.append(w.others)
+    assert sum(spinning) / 3 < sum(idle) / 3 + 0.5, (idle, spinning)
 
 
 @pytest.mark.parametrize("text", ["lots", "-1", "nan"])
@@ -103,11 +112,13 @@ def test_a_calibration_on_a_busy_machine_is_used_but_not_cached(tiny_pair, calib
 
 
 def test_calibrate_command_on_a_busy_machine_exits_1_and_keeps_the_earlier_calibration(
-        tiny_pair_dirs, tiny_pair, calib_dir):
-    make_decoder(tiny_pair)  # measured on the idle machine: cached
+        tiny_pair_dirs, tiny_pair, calib_dir, monkeypatch):
+    monkeypatch.setenv(machine_load.ENV, "inf")
+    make_decoder(tiny_pair)  # an earlier calibration, cached whatever the machine's load
+    monkeypatch.delenv(machine_load.ENV)
     path, = calib_dir.glob("*.json")
     before = path.read_text()
-    assert json.loads(before)["busy"] <= machine_load.BUSY_CORES
+    assert json.loads(before)["busy"] is not None
     target, draft = tiny_pair_dirs
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
