@@ -31,24 +31,9 @@ branches are judged on their own.
   lookahead grows through the flat part (measured with benchmarks/priced_rounds.py:
   1-6 % more per plain step on four of five code prompts, the fifth unchanged).
 
-Greedy trees are priced for that cut (`cut=True`): as a tree grows, nodes arrive
-out of value order (the draft proposes a node's children only after feeding it), so
-the verify position a node takes when it arrives is not the one it is verified at.
-There, a node joins (and a node is fed) when it raises the best selection's
-E_m - B * T_m (`_gains`, the objective `select` maximises), over the tree's nodes and
-the children expected from nodes already fed at its level: it is priced at the
-position its value ranks, and with it the cost of what it pushes down (the nodes
-below it move to dearer positions, or out of the selection).  Priced at arrival, a
-sibling worth 0.1 took a position that was free (on a CPU where 3 positions cost
-what 2 do), the sure node below the first child was then priced at the next, dear
-one, and the tree stopped where a chain went on (benchmarks/priced_rounds.py on the
-chat suite: trees 1.52x against chains' 1.61x before, 1.60x after).  Sampled trees
-are verified whole, every node at the position it took, and are priced so.
-
-With one child per node, priced at arrival, this is the chain rule exactly;
-siblings only enter when the cost model says that a wider verify pass pays for them
-(on a GPU, where width is nearly free, trees grow wide; on a CPU they stay close to
-chains).
+With one child per node this is the chain rule exactly; siblings only enter when
+the cost model says that a wider verify pass pays for them (on a GPU, where width
+is nearly free, trees grow wide; on a CPU they stay close to chains).
 """
 
 from __future__ import annotations
@@ -60,13 +45,9 @@ MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
 
 
 class TreeBudget:
-    def __init__(self, policy, max_depth: int, max_nodes: int = MAX_TREE_NODES, cut: bool = False):
-        """`cut`: the tree is cut to its best nodes after growth (`select`; greedy
-        trees), so a node is judged by what it adds to that selection (`_gains`)."""
+    def __init__(self, policy, max_depth: int, max_nodes: int = MAX_TREE_NODES):
         self.policy, self.k = policy, max_depth
-        self.max_nodes, self.cut = max_nodes, cut
-        self.values: list[float] = []  # the nodes' values, best first (cut trees)
-        self._verify: list[float] = []  # verify_width(w) at w - 1 (cut trees: `_v`)
+        self.max_nodes = max_nodes
         self.nodes, self.kept = 0, 0
         self.e, self.t = 1.0, 1.0
         self.draft = 0.0  # draft forwards paid (plain steps)
@@ -127,21 +108,13 @@ class TreeBudget:
             return False
         extra = self.cost.extra(self.nodes + 2)
         horizon = 1 if depth is None else self.k - depth + 1
-        forced = self.policy.forced and self.nodes == 0
-        if self.cut:
-            pays = forced or self._gains([], v, horizon, 0.0)
-        else:
-            pays = forced or pays_ahead(v, 1.0, self.policy.mean_acceptance(), extra, self._later,
-                                        *bar(self.t, self.e, self.rate), horizon)
-        if not pays:
+        if not (self.policy.forced and self.nodes == 0) and not pays_ahead(
+                v, 1.0, self.policy.mean_acceptance(), extra, self._later, *bar(self.t, self.e, self.rate), horizon):
             self.stop_reason = "confidence"
             return False
         self.nodes += 1
         self.e += v
         self.t += extra
-        if self.cut:
-            self.values.append(v)
-            self.values.sort(reverse=True)
         return True
 
     def expand(self, values: list, depth: int) -> int:
@@ -152,73 +125,29 @@ class TreeBudget:
             return 0
         pol, n = self.policy, 0
         a, a_later = pol.mean_acceptance(optimistic=True), pol.mean_acceptance()  # as Round.more
-        children = []  # the expected first children of the nodes fed so far (cut trees)
         for v in values:
             step = self._draft_width(n, n + 1)
             forced = pol.forced and self.nodes == 0
             horizon = self.k - depth if n == 0 else 1  # the best node leads the way down
-            if self.cut:
-                pays = forced or self._gains(children, v * a, horizon, step)
-            else:
-                pays = forced or pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,
-                                            *bar(self.t, self.e, self.rate), horizon)
-            if not pays:
+            if not forced and not pays_ahead(v, a, a_later, step + self.cost.extra(self.nodes + 2), self._later,
+                                             *bar(self.t, self.e, self.rate), horizon):
                 break
             self._paid(step)
-            children.append(v * a)
             n += 1
         if not n:
             self.stop_reason = "cost"
         return n
-
-    def _gains(self, expected: list, value: float, horizon: int, draft: float) -> bool:
-        """Cut trees: does a node worth `value` (drafted, or expected from a draft forward
-        costing `draft` more), with up to horizon - 1 deeper ones along its path (each a
-        draft step, at the mean acceptance, as pays_ahead), raise the best selection's
-        E_m - B * T_m (`select`) over the tree's nodes and the `expected` ones?  So a node
-        is priced at the verify position its value ranks, with what it pushes down: the
-        nodes below it move to dearer positions, or out of the selection."""
-        base = self.values + expected
-        b = self._bar(base, self.draft)
-        before = max(self._objectives(sorted(base, reverse=True), self.draft, b))
-        a_later, d, more = self.policy.mean_acceptance(), self.draft + draft, []
-        for j in range(max(horizon, 1)):
-            if j:
-                value *= a_later
-                d += self.cost.draft_step
-            more.append(value)
-            if max(self._objectives(sorted(base + more, reverse=True), d, b)) > before + 1e-12:
-                return True
-        return False
-
-    def _widths(self, n: int) -> list[float]:
-        """verify_width(w) at w - 1 for w = 1 .. n at least (a table: looked up often)."""
-        if len(self._verify) < n:
-            self._verify = [self.cost.verify_width(w) for w in range(1, max(n, 2 * self.max_nodes) + 1)]
-        return self._verify
-
-    def _bar(self, values: list, draft: float) -> float:
-        """B: the best round rate E_m / T_m of a selection from `values` (draft forwards
-        costing `draft`), or the long-run rate R where that is lower."""
-        vw, e = self._widths(len(values) + 1), 1.0
-        best = e / (draft + vw[0])
-        for m, v in enumerate(sorted(values, reverse=True), 1):
-            e += v
-            best = max(best, e / (draft + vw[m]))
-        return best if self.rate is None else min(best, self.rate)
-
-    def _objectives(self, values: list, draft: float, b: float) -> list[float]:
-        """E_m - b * T_m for m = 0 .. len(values), `values` sorted best first."""
-        vw, e, out = self._widths(len(values) + 1), 1.0, []
-        for m in range(len(values) + 1):
-            e += values[m - 1] if m else 0.0
-            out.append(e - b * (draft + vw[m]))
-        return out
 
     def select(self, values: list) -> int:
         """How many of the tree's nodes, by `values` sorted best first, to verify: the
         count m that maximises E_m - B * T_m (E_m = 1 + the best m values, T_m = the draft
         forwards paid + a verify pass over m + 1 positions), B the long-run rate R where
         the best round rate is above it, else that best rate (then m maximises E/T)."""
-        objective = self._objectives(values, self.draft, self._bar(values, self.draft))
-        return max(range(len(objective)), key=lambda m: (objective[m], m))
+        cm, e = self.cost, [1.0]
+        for v in values:
+            e.append(e[-1] + v)
+        t = [self.draft + cm.verify_width(m + 1) for m in range(len(e))]
+        b = max(x / y for x, y in zip(e, t))
+        if self.rate is not None:
+            b = min(b, self.rate)
+        return max(range(len(e)), key=lambda m: (e[m] - b * t[m], m))

@@ -77,7 +77,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
                    k_draft, k_verify, target_name: str, lookup=None) -> TreeResult:
     """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine (tree_drafter.py)."""
     t0 = time.perf_counter()
-    budget = TreeBudget(policy, k, cut=params.greedy)
+    budget = TreeBudget(policy, k)
     rng = None if params.greedy else np.random.default_rng(_seed(k_draft))
     draft = TreeDraft(drafter, history, params, rng, budget, lookup)
     draft_time = time.perf_counter() - t0
