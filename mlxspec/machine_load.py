@@ -7,10 +7,11 @@ default draft's step at 0.76, 0.55 and 1.07 plain steps -- 0.26 on the same mach
 idle -- because a draft step (many short operations handed between threads) suffers
 more from a competing program than a target pass (bound by memory) does; the first
 also priced a pass over 4 positions as one over 1, and a round then made 2.78 tokens
-instead of ~5.  Nothing in the timings themselves gives that away: the second's
-spread no more than 1.2x between the largest and smallest timing of each width.  The CPU time other programs
-used does: a cached calibration taken while they kept the machine busy would mis-size
-every later round (drafts priced too dear: rounds too short, or plain decoding).
+instead of ~5.  Nothing in the timings themselves gives that away: in the second,
+the largest and smallest timing of each width were no more than 1.2x apart.  The
+CPU time other programs used does: a cached calibration taken while they kept the
+machine busy would mis-size every later round (drafts priced too dear: rounds too
+short, or plain decoding).
 
 `Watch` reads the machine's busy time (Linux: /proc/stat, steal included: a host
 running other guests is busy too) and this process's own CPU time (every thread)
