@@ -220,6 +220,7 @@ class GenerationStream:
         check_context(history, decoder.context_length)
         decoder.check_tokens(history)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self._history, self._start = history, len(history)
         self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
         self._it = self._run()
 
@@ -244,8 +245,15 @@ class GenerationStream:
         return next(self._it)
 
     def close(self):
+        """Stop early.  `.tokens` and `.text` then hold every token generated, as the
+        stats count them: an interrupt (Ctrl-C) between the decoder handing out a token
+        and this stream recording it would otherwise leave it out of them."""
         self._it.close()
         self._gen.close()
+        generated = self._history[self._start:]
+        if len(generated) > len(self.tokens):
+            self.tokens = list(generated)
+            self.text = self._tokenizer.decode(self.tokens)
 
 
 def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
