@@ -50,6 +50,9 @@ def _command():
         click.echo(f"plain target step: {1000 * cm.plain_step_s:.1f} ms")
         click.echo(f"draft step: {cm.draft_step:.2f} plain steps")
         click.echo("verify pass by width: " + ", ".join(cm.describe_width(w) for w in (1, 2, 3, 5, 9, 13, 17)))
+        if cm.monotone:
+            click.echo("(as measured a wider pass came out cheaper somewhere: noise, since on the small-batch "
+                       "kernel it does more work; the curve is used non-decreasing, the file keeps the figures)")
         if cm.draft_widths:
             click.echo("draft forward by width (its own steps): "
                        + ", ".join(f"{w}: {cm.draft_curve(w):.2f}" for w in (1, 2, 3, 4, 8, 16)))

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .machine_load import Watch, limit
+from .monotone_costs import as_used
 
 FORMAT = 6  # 6: passes up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards
 # by width; 4: plain and draft steps timed SAMPLES times per repeat
@@ -71,6 +72,7 @@ class CostModel:
     source: str = "assumed"  # assumed | measured | cached
     draft_widths: list = field(default_factory=list)  # draft_widths[w-1]: a draft forward over w positions / over 1
     busy: float | None = None  # measured: the cores other programs kept busy meanwhile (machine_load.py)
+    monotone: bool = False  # the verify curve as measured fell somewhere and was made non-decreasing (monotone_costs.py)
 
     def pad_width(self, w: int) -> int:
         """The width to run a pass over w >= 1 positions at: w, or a wider width of
@@ -126,7 +128,8 @@ class CostModel:
         step = f"plain step {1000 * self.plain_step_s:.1f} ms, " if self.plain_step_s else ""
         d = ", ".join(f"{w}: {self.draft_widths[w - 1]:.2f}" for w in (2, 4, 8) if w <= len(self.draft_widths))
         d = f", draft forward by width {{{d}}}" if d else ""
-        return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}}{d} ({self.source})"
+        made = ", made monotone" if self.monotone else ""
+        return f"{step}draft step {self.draft_step:.2f}, verify by width {{{v}}}{d} ({self.source}{made})"
 
 
 MERGE_MAX_EXTRA = 0.5  # re-fed positions ride along in a verify pass while they add at most half a plain step
@@ -427,11 +430,13 @@ def _stderr(msg: str) -> None:
 def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostModel:
     """The cached cost model for (pair, drafter), measured now when there is none
     (or `refresh`).  Without a draft model (prompt lookup) only the verify passes
-    are measured; the drafter's own `relative_cost` stands for its step."""
+    are measured; the drafter's own `relative_cost` stands for its step.  Returned as
+    the rules use it: with the small-batch kernel the verify curve never falls
+    (monotone_costs.py); the cache keeps the figures as measured."""
     key = cache_key(pair, drafter)
     cm = None if (refresh or key is None) else load_cached(key, warn=say)
     if cm is not None:
-        return cm
+        return as_used(cm)
     limit()  # a bad MLXSPEC_BUSY_CORES is refused before the measuring, not after it
     vocab = _vocab_rows(pair)
     if key is not None and say is not None:
@@ -443,11 +448,11 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
         if say is not None:
             say(f"note: {watch.describe()} while calibrating: these costs are not cached and will be "
                 "measured again next time (or run `mlxspec calibrate` when the machine is idle)")
-        return cm
+        return as_used(cm)
     if key is not None:
         try:
             save(key, cm)
         except OSError as e:
             if say is not None:
                 say(f"note: could not save the calibration ({e}); it will be measured again next time")
-    return cm
+    return as_used(cm)  # the file keeps the figures as measured
