@@ -18,8 +18,8 @@ less than 5- to 15-row ones; Metal) a dip can be real and the curve is used as m
 
 Priced by `benchmarks/priced_rounds.py`'s method on the EPYC's cached calibration
 (2 / 3 positions at 1.08 / 1.00), and by two later calibrations of the same machine as
-other truths, deciding by the monotone curve raised greedy trees on the code suite by
-1.6-2.0 % and on the chat suite by 5-7 % (README, "Verify costs that never fall").
+other truths, deciding by the monotone curve raised greedy trees by 1.7-2.0 % on the code
+suite, 5.5-6.7 % on chat and 0.6-1.5 % on creative (README, "Verify costs that never fall").
 """
 
 from __future__ import annotations
