@@ -1,8 +1,8 @@
 """Verify costs that never fall with width, where the products cannot make them fall.
 
 A calibration times verify passes by width (cost_model.py), and on a shared machine
-single widths come out noisy: three runs minutes apart priced a pass over 3 positions
-at 1.00, 1.18 and 1.03 plain steps, one of them below a pass over 2 (1.08).  Read as
+single widths come out noisy: three calibrations of one machine priced a pass over 3
+positions at 1.00, 1.18 and 1.03 plain steps, the first below a pass over 2 (1.08).  Read as
 measured, such a dip is a price: `CostModel.pad_width` pads 2-position passes to 3
 (the verify pass, and a tree level's draft forward too), and the tree budget treats
 the third position as free and spends it on a sibling where a chain goes deeper.
