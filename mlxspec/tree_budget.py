@@ -31,6 +31,9 @@ branches are judged on their own.
   lookahead grows through the flat part (measured with benchmarks/priced_rounds.py:
   1-6 % more per plain step on four of five code prompts, the fifth unchanged).
 
+The draft's top tokens are judged first, all the way down (tree_drafter.py defers
+the siblings), so a sibling is priced at the positions after them.
+
 With one child per node this is the chain rule exactly; siblings only enter when
 the cost model says that a wider verify pass pays for them (on a GPU, where width
 is nearly free, trees grow wide; on a CPU they stay close to chains).

@@ -13,7 +13,19 @@ for expansion are fed to the draft together, as one tree block (tree_attention.p
 one batched forward, each node seeing only its ancestors; lookup's continuation
 after the best of them goes in too, a spine under that node); each gets up to
 MAX_BRANCH children, ranked by estimated value; the tree takes the candidates
-worth verifying and the best of those are expanded next.  Greedy: children are
+worth verifying and the best of those are expanded next.
+
+Siblings wait (DEFER_SIBLINGS): while the draft's own top tokens (and lookup's)
+still grow the tree, the other candidates are only set aside; once the top tokens
+stop, the siblings are weighed, best first, at the widths the tree has reached,
+and the tree grows on from those taken (their own siblings join at once).  Taken
+level by level with the rest, a level's siblings took the verify pass's cheap
+positions and a deeper top token then looked too dear: on the chat suite the trees
+drafted shallower than chains did (2.75 tokens per pass against 2.78, priced
+rounds at 64 tokens; deferred: 2.94).  Under sampling, whether a sibling is drawn
+then depends on the first child's drawn token and its subtree, never on the
+sibling's own token: after a rejection, the rest of the rule yields the residual
+for any proposal, so the output is still exactly p.  Greedy: children are
 the draft's top tokens.  Sampling: children are drawn from the draft's processed
 distribution q without replacement (each keeps the renormalised q it was drawn
 from, for the acceptance rule; a spine token already there is removed from q
@@ -41,6 +53,8 @@ from .token_ids import fit_rows
 from .tree import DraftTree
 from .tree_attention import TreeBlock
 from .tree_budget import MAX_BRANCH, TreeBudget
+
+DEFER_SIBLINGS = True  # siblings are weighed once the draft's top tokens stop growing the tree
 
 
 class TreeDraft:
@@ -168,6 +182,7 @@ class TreeDraft:
         self._check(dists)
         grown = ([-1], [1.0], dists[:1])
         self._add_spine(-1, spine, dists[1:], self._pending, grown)
+        later, deferring = [], DEFER_SIBLINGS  # siblings of the draft's top tokens, for when those stop
         while True:
             nodes, values, dists = grown
             self.expanded.extend(nodes)
@@ -179,30 +194,20 @@ class TreeDraft:
                 if there:  # the draft's candidates besides it
                     ranked = [c for c in ranked if c[0] not in there] if ranked[0][0] is not None \
                         else ranked[1:] if best in there else ranked
-                for r, (tok, p) in enumerate(ranked, len(there)):
+                for i, (tok, p) in enumerate(ranked):
+                    r = len(there) + i
                     a = budget.first_child(conf) if r == 0 else budget.sibling(p)
-                    cands.append((v * a, node, r, tok, conf, q, a, p))
-            cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-            added = []
-            last_rank = {node: len(tree.children(node)) - 1 for node in nodes}
-            for v, parent, r, tok, conf, q, a, p in cands:
-                depth = self.depth[parent] + 1
-                if last_rank[parent] != r - 1 or not budget.include(v, depth if r == 0 else None):
-                    continue  # a sibling only after the ones ranked above it
-                last_rank[parent] = r
-                q_node = None
-                if q is not None:  # sampling: draw now, from q without the earlier siblings
-                    q_node = self._remaining(parent, q)
-                    if q_node is None:
-                        continue
-                    tok = int(self.rng.choice(q_node.size, p=q_node))
-                node = tree.add(tok, parent, q_node, conf, a, p)
-                self.depth[node] = depth
-                added.append((v, node))
-            growable = sorted(((v, c) for v, c in added if self.depth[c] < budget.k), key=lambda c: -c[0])
-            if added and not growable:
-                budget.stop_reason = "cap"
-            n = budget.expand([v for v, _ in growable], self.depth[growable[0][1]]) if growable else 0
+                    own = i == 0 and best not in there  # the draft's own top token (sampling: its first draw)
+                    (cands if own or not deferring else later).append((v * a, node, r, tok, conf, q, a, p))
+            added = self._add(cands)
+            while True:
+                growable = sorted(((v, c) for v, c in added if self.depth[c] < budget.k), key=lambda c: -c[0])
+                if added and not growable:
+                    budget.stop_reason = "cap"
+                n = budget.expand([v for v, _ in growable], self.depth[growable[0][1]]) if growable else 0
+                if n or not later:
+                    break
+                added, later, deferring = self._add(later), [], False  # the siblings' turn; they branch freely
             if not n:
                 return
             chosen = [node for _, node in growable[:n]]
@@ -218,6 +223,28 @@ class TreeDraft:
             self._check(dists)
             grown = (chosen, [v for v, _ in growable[:n]], dists[:n])
             self._add_spine(chosen[0], sub, dists[n:], base + n, grown)
+
+    def _add(self, cands: list) -> list:
+        """Add the candidates the budget takes, best first, each sibling only after the
+        ones ranked above it; (value, node) of those added.  Candidates are
+        (value, parent, rank, token or None, confidence, q, estimate, draft probability)."""
+        tree, added = self.tree, []
+        last_rank = {c[1]: len(tree.children(c[1])) - 1 for c in cands}
+        for v, parent, r, tok, conf, q, a, p in sorted(cands, key=lambda c: (-c[0], c[1], c[2])):
+            depth = self.depth[parent] + 1
+            if last_rank[parent] != r - 1 or not self.budget.include(v, depth if r == 0 else None):
+                continue
+            last_rank[parent] = r
+            q_node = None
+            if q is not None:  # sampling: draw now, from q without the earlier siblings
+                q_node = self._remaining(parent, q)
+                if q_node is None:
+                    continue
+                tok = int(self.rng.choice(q_node.size, p=q_node))
+            node = tree.add(tok, parent, q_node, conf, a, p)
+            self.depth[node] = depth
+            added.append((v, node))
+        return added
 
     def _width(self, positions: int) -> int:
         """The width a draft forward over `positions` runs at: padded as the verify
