@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from side_by_side import ROOT, chosen_prompts, spread  # noqa: E402  (imports no mlxspec)
+from side_by_side import ROOT, chosen_prompts, ready_to_write, spread  # noqa: E402  (imports no mlxspec)
 
 CHILD = "--child"
 
@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("revision-ab.json"))
     args = ap.parse_args()
+    ready_to_write(args.out)
     specs = args.contenders.split(",")
     default = "model:auto" if "model:auto" in specs else specs[-1]
     with tempfile.TemporaryDirectory(prefix="mlxspec-ab-") as tmp:

@@ -29,7 +29,20 @@ def arguments(doc: str, prompts: str, max_tokens: int, out: str, repeats: int = 
     ap.add_argument("--out", type=Path, default=Path(out))
     if extra is not None:
         extra(ap)
-    return ap.parse_args()
+    args = ap.parse_args()
+    ready_to_write(args.out)
+    return args
+
+
+def ready_to_write(path: Path) -> None:
+    """Make `path`'s folder (as `mlxspec bench --out` does), or exit with one line, before
+    any slow work: a run must not end in a traceback over where to write it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"--out {path}: cannot make its folder ({e.strerror or e})")
+    if path.is_dir():
+        raise SystemExit(f"--out {path}: is a folder; give a file name, e.g. {path / 'results.json'}")
 
 
 def chosen_prompts(args: argparse.Namespace) -> list[dict]:
