@@ -18,6 +18,7 @@ from mlxspec.draft_length import PerToken
 from mlxspec.drafters import ModelDrafter
 from mlxspec.sampling import SamplingParams
 from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.stats import GenerationStats
 from mlxspec.tree_budget import TreeBudget
 
 # verify and draft costs by width as calibrated for the default pair on a CPU: each position dearer
@@ -59,8 +60,6 @@ def test_siblings_still_join_and_get_taken_at_cpu_costs(monkeypatch):
     """On CPU costs, some rounds still add siblings after the top tokens, some of them
     accepted; the output is plain decoding's."""
     taken = nodes = depth = 0
-    from mlxspec.stats import GenerationStats
-
     for arch in ("llama", "qwen2"):
         target = _target(arch)
         for noise in (0.1, 0.3):
