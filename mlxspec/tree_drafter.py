@@ -199,15 +199,10 @@ class TreeDraft:
                     a = budget.first_child(conf) if r == 0 else budget.sibling(p)
                     own = i == 0 and best not in there  # the draft's own top token (sampling: its first draw)
                     (cands if own or not deferring else later).append((v * a, node, r, tok, conf, q, a, p))
-            added = self._add(cands)
-            while True:
-                growable = sorted(((v, c) for v, c in added if self.depth[c] < budget.k), key=lambda c: -c[0])
-                if added and not growable:
-                    budget.stop_reason = "cap"
-                n = budget.expand([v for v, _ in growable], self.depth[growable[0][1]]) if growable else 0
-                if n or not later:
-                    break
-                added, later, deferring = self._add(later), [], False  # the siblings' turn; they branch freely
+            growable, n = self._to_expand(self._add(cands))
+            if not n and later:  # the top tokens stopped: the siblings' turn, and from now on they branch freely
+                growable, n = self._to_expand(self._add(later))
+                later, deferring = [], False
             if not n:
                 return
             chosen = [node for _, node in growable[:n]]
@@ -223,6 +218,15 @@ class TreeDraft:
             self._check(dists)
             grown = (chosen, [v for v, _ in growable[:n]], dists[:n])
             self._add_spine(chosen[0], sub, dists[n:], base + n, grown)
+
+    def _to_expand(self, added: list) -> tuple[list, int]:
+        """Of the nodes just `added` ((value, node)), those that can grow, best first, and
+        how many of them the budget feeds to the draft."""
+        budget = self.budget
+        growable = sorted(((v, c) for v, c in added if self.depth[c] < budget.k), key=lambda c: -c[0])
+        if added and not growable:
+            budget.stop_reason = "cap"
+        return growable, budget.expand([v for v, _ in growable], self.depth[growable[0][1]]) if growable else 0
 
     def _add(self, cands: list) -> list:
         """Add the candidates the budget takes, best first, each sibling only after the

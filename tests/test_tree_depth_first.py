@@ -6,6 +6,8 @@ took the verify pass's cheap positions first and a deeper top token then looked
 too dear: on the chat suite the trees drafted shallower than chains (2.75 tokens
 per pass against 2.78, benchmarks/priced_rounds.py, 64 tokens)."""
 
+import functools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -74,17 +76,11 @@ def test_siblings_still_join_and_get_taken_at_cpu_costs(monkeypatch):
     assert nodes > depth and taken > 0, (nodes, depth, taken)
 
 
-_MODELS = {}
-
-
+@functools.cache
 def _target(arch):
-    if arch not in _MODELS:
-        _MODELS[arch] = tiny_models.build(tiny_models.config_for(arch), seed=0, scale=3.0)  # peaked
-    return _MODELS[arch]
+    return tiny_models.build(tiny_models.config_for(arch), seed=0, scale=3.0)  # peaked
 
 
+@functools.cache
 def _draft(arch, noise):
-    key = (arch, noise)
-    if key not in _MODELS:
-        _MODELS[key] = tiny_models.perturbed(_target(arch), tiny_models.config_for(arch), noise=noise, seed=3)
-    return _MODELS[key]
+    return tiny_models.perturbed(_target(arch), tiny_models.config_for(arch), noise=noise, seed=3)
