@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from . import kernel_ops
 from .sampling import SamplingParams
 
 
@@ -62,7 +63,7 @@ def verify(target_logprobs: mx.array, draft: mx.array, q: mx.array | None,
         best = mx.argmax(target_logprobs, axis=-1)
         return best[:k] == draft, best
     k_accept, k_next = mx.random.split(key)
-    p = mx.exp(target_logprobs)
+    p = kernel_ops.probabilities(target_logprobs)
     if k == 0:
         return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(target_logprobs, key=k_next)
     u = mx.random.uniform(shape=(k,), key=k_accept)

@@ -147,7 +147,7 @@ class ModelDrafter(Drafter):
             state.tokens.extend(pending + tokens[: forwards - 1])
         if not tokens:
             return EMPTY
-        q = None if params.greedy else mx.exp(mx.concatenate(qs, axis=0))
+        q = None if params.greedy else kernel_ops.probabilities(mx.concatenate(qs, axis=0))
         return Proposal(tokens, q, confs)
 
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from . import kernel_ops
 from .drafters import ModelDrafter
 from .errors import MlxspecError
 from .kv_window import is_bounded
@@ -96,7 +97,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
         best = mx.argmax(lp, axis=-1)
         mx.eval(best, finite)
     else:
-        p = mx.exp(lp)
+        p = kernel_ops.probabilities(lp)
         mx.eval(p, finite)
     if not finite.item():
         raise MlxspecError(f"{target_name} produced NaN/inf logits: its weights are corrupt or overflow "

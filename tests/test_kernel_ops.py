@@ -60,6 +60,28 @@ def test_log_softmax_matches_mlx_and_is_used_to_normalise(rows, n):
     assert np.array_equal(np.array(kernel_ops.log_softmax(mx.array(x)))[-1:], alone)  # row by row
 
 
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 15), (2, 65536), (3, 151936)])
+def test_probabilities_are_exp_of_processed_rows_by_the_kernel(rows, n, monkeypatch):
+    """Sampled rounds exponentiate whole rows of log-probabilities (the draft's q, the target's p):
+    the kernel's softmax of them is their exp to float32 rounding, with exact zeros where
+    top-k / top-p ruled a token out, and the kernel does it (not MLX's exp)."""
+    x = (np.random.default_rng(n).standard_normal((rows, n)) * 6).astype(np.float32)
+    x[0, : n // 3] = -np.inf
+    lp = sampling._normalise(mx.array(x))
+    want = np.array(mx.exp(lp))
+    exps = []
+    monkeypatch.setattr(mx, "exp", lambda a, *k, **kw: exps.append(a) or mx.sqrt(a))  # MLX's exp is not used
+    got = np.array(kernel_ops.probabilities(lp))
+    assert not exps
+    assert np.array_equal(got == 0, want == 0)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
+
+
+def test_probabilities_keep_mlx_for_other_dtypes():
+    lp = mx.log(mx.array([[0.25, 0.75]], dtype=mx.float16))
+    assert np.array_equal(np.array(kernel_ops.probabilities(lp)), np.array(mx.exp(lp)))
+
+
 def test_normalise_keeps_mlx_for_other_dtypes():
     x = mx.array(np.random.default_rng(0).standard_normal((2, 40)).astype(np.float16))
     assert np.array_equal(np.array(kernel_ops.normalise(x)), np.array(x - mx.logsumexp(x, axis=-1, keepdims=True)))
