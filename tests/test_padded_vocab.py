@@ -14,7 +14,7 @@ import pytest
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
 import tiny_models
-from mlxspec import cache, drafters, token_ids, tree_attention
+from mlxspec import cache, drafters, kernel_ops, token_ids, tree_attention
 from mlxspec.cost_model import assumed
 from mlxspec.draft_length import FixedK, PerToken
 from mlxspec.drafters import ModelDrafter
@@ -84,7 +84,10 @@ def test_sampled_sequences_are_the_targets_with_a_padded_draft(padded, policy):
 
 def test_cutting_q_after_normalising_it_fails_the_same_test(padded, monkeypatch):
     """The control: the extra columns cut after q is normalised over all 12 rows, so the
-    q the rule divides by is short of the mass the token was drawn with."""
+    q the rule divides by is short of the mass the token was drawn with.  (q is taken as
+    the exp of those log-probabilities: kernel_ops.probabilities' softmax would make the
+    cut row whole again -- the distribution the token was drawn from, which passes.)"""
+    monkeypatch.setattr(kernel_ops, "probabilities", mx.exp)
     process = drafters.process_logits
     monkeypatch.setattr(drafters, "fit_rows", lambda logits, rows: logits)
     monkeypatch.setattr(drafters, "process_logits", lambda *a: process(*a)[..., :sd.V])
