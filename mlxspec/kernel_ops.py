@@ -98,18 +98,23 @@ def usable(op: str) -> bool:
     return _checked[op]
 
 
+def _takes(x: mx.array, op: str) -> bool:
+    """Can the kernel's row-wise `op` take `x` (float32 rows, the kernel usable here)?"""
+    return x.dtype == mx.float32 and x.ndim >= 1 and x.shape[-1] > 0 and usable(op)
+
+
 def probabilities(logprobs: mx.array) -> mx.array:
     """exp(logprobs) for rows already normalised (sampling.process_logits): their softmax by
     the kernel where it is usable -- the same to float32 rounding, where MLX's exp took
     1.8-2.3 ms a row of the default target's 151,936 (a sampled tree round exponentiates a
     row per node, the draft's and the target's)."""
-    if logprobs.dtype == mx.float32 and logprobs.ndim >= 1 and logprobs.shape[-1] > 0 and usable("softmax"):
+    if _takes(logprobs, "softmax"):
         return softmax(logprobs)
     return mx.exp(logprobs)
 
 
 def normalise(logits: mx.array) -> mx.array:
     """logits - logsumexp(logits) over the last axis: in the kernel where it is usable."""
-    if logits.dtype == mx.float32 and logits.ndim >= 1 and logits.shape[-1] > 0 and usable("log_softmax"):
+    if _takes(logits, "log_softmax"):
         return log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -61,8 +61,8 @@ def top_columns(rows: np.ndarray, k: int) -> np.ndarray:
     """Each row's k largest columns (fewer if it has fewer), largest first, ties to the
     lower column: k passes of argmax.  A tree level needs its nodes' top MAX_BRANCH of the
     draft's 65,536-row distribution; here NumPy's argpartition took 0.5 ms a row, the
-    argmax passes 0.04 ms (a code round has ~10 such rows).  A NaN is taken first (as
-    argmax takes it), so the caller's NaN check sees it."""
+    argmax passes 0.04 ms.  A NaN is taken first (as argmax takes it), so the caller's
+    NaN check sees it."""
     k = min(k, rows.shape[-1])
     left = np.array(rows, dtype=rows.dtype, copy=True)
     at = np.arange(rows.shape[0])

@@ -36,7 +36,7 @@ OLD = {"top-columns": (tree_drafter, "top_columns", argpartition),
 
 class Old(MlxspecContender):
     def __init__(self, what):
-        super().__init__(f"trees before", num_draft="auto")
+        super().__init__("trees before", num_draft="auto")
         self.module, self.name_, self.old = OLD[what]
 
     def run(self, *a, **kw):
