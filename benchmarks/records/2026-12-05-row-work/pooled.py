@@ -2,16 +2,20 @@
 (the same prompt and repeat of one run), with the median's bootstrap 90 % interval.
 
     python benchmarks/records/2026-12-05-row-work/pooled.py
+    python benchmarks/records/2026-12-05-row-work/pooled.py FOLDER   # the bench-code* runs of another folder
 """
 import collections
 import json
 import random
 import statistics as st
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+RUNS = sorted(p.name for p in HERE.glob("bench-code*") if p.is_dir()) if len(sys.argv) > 1 else \
+    ("bench-code1", "bench-code2", "bench-code3")
 over_mlx_lm, over_plain = [], []
-for run in ("bench-code1", "bench-code2", "bench-code3"):
+for run in RUNS:
     pairs = collections.defaultdict(dict)
     for r in json.loads((HERE / run / "results.json").read_text())["runs"]:
         pairs[(r["prompt"], r["repeat"])][r["contender"]] = r["decode_tps"]
