@@ -365,8 +365,6 @@ def pair_budget(target_config: dict, draft_config: dict | None, target_tensors, 
     for label, cfg, tensors in models:
         kvb = float_bytes or source_float_bytes(tensors)
         rows.append((f"{label} KV cache ({context} tokens, {8 * kvb}-bit)", kv_cache_bytes(cfg, context, kvb)))
-        if label == labels[1] and float_bytes and kv_cache_bytes(cfg, context, kvb):  # CPU: compiled draft steps
-            rows.append((f"{label} keys kept transposed (compiled_forward.py)", kv_cache_bytes(cfg, context, kvb) // 2))
         state = recurrent_state_bytes(cfg, 4)  # the delta-net / SSM states are kept in float32
         if state:
             copies = STATE_COPIES.get(label, STATE_COPIES["target"])

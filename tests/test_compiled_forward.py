@@ -274,20 +274,3 @@ def test_samples_with_a_compiled_draft_follow_the_targets_sequence_distribution(
 
 def test_the_same_chi_square_fails_with_a_broken_residual(monkeypatch, calls):
     assert _compiled_draft_samples(True, monkeypatch, calls) < 1e-3
-
-
-def test_the_memory_budget_counts_the_transposed_keys():
-    """The transposed copy of a compiled draft's keys is memory too: the pair budget
-    (memory.py) has a row for it, the size of those arrays at that context."""
-    from mlxspec import memory
-
-    plain, fast, _, history = _prefilled("qwen2", 4, 40)
-    _same(plain.forward(plain.sync(history) + [5]), fast.forward(fast.sync(history) + [5]))
-    kept = sum(kt[..., : fast.cache[0].offset].nbytes for kt in fast.compiled._keys_t)
-    cfg = {k: getattr(fast.model.args, k) for k in ("num_hidden_layers", "num_attention_heads",
-                                                     "num_key_value_heads", "hidden_size", "vocab_size")}
-    budget = memory.pair_budget(cfg, cfg, [], [], context=fast.cache[0].offset, float_bytes=4, usable=1 << 40,
-                                usable_source="test")
-    rows = dict(budget.rows)
-    assert rows["draft keys kept transposed (compiled_forward.py)"] == kept > 0
-    assert not any("transposed" in k and k.startswith("target") for k in rows)
