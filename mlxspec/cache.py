@@ -124,16 +124,10 @@ class ModelState:
             logits = self.compiled(x, tree)
         else:
             logits = self.model(x.reshape(1, -1), cache=self.cache)[0]
-            self.written()
         if self.checkpoints:
             self.checkpoints.record(self.fed)
         self.positions += x.size
         return logits
-
-    def written(self) -> None:
-        """The caches were written outside a compiled call (compiled_forward.py)."""
-        if self.compiled is not None:
-            self.compiled.forget()
 
     def prefill(self, history: list[int], should_stop=None) -> list[int]:
         """Feed all but the last token of what the cache lacks, in chunks (checking

@@ -22,16 +22,6 @@ positions.  Here both are inputs of the function:
   are given to every layer's `LeanRope` while the function is traced, so any
   positions -- consecutive, or a tree's depths -- come in as arrays.
 
-Each layer's keys are also kept transposed, (B, H, D, capacity), beside the
-cache, and attention scores the queries against that copy (lean_attention.py):
-a product by an untransposed matrix is the small-batch kernel's fast layout,
-where keys as stored make it take one dot product per score (measured here, 24
-layers' scores over 512 positions: 0.36 against 1.18 ms for one position, 0.69
-against 2.43 ms for four).  A compiled call writes both; whatever writes the
-cache outside one calls `forget` (cache.ModelState.written), and the copy is made
-again before the next.  The target never uses it: its verify pass keeps scoring
-each position as a plain step does.
-
 The model's own forward runs (its layers call the stand-in caches below as they
 call a `KVCache`): no architecture is re-implemented.  mx.compile keeps one
 trace per shape (positions, capacity); a model whose computation changes (a
@@ -69,13 +59,12 @@ class _Slot:
 
     offset = 0  # read by the layers for RoPE; LeanRope uses the given tables instead
 
-    def __init__(self, keys, values, keys_t, at, mask):
-        self.keys, self.values, self.keys_t, self._at, self._mask = keys, values, keys_t, at, mask
+    def __init__(self, keys, values, at, mask):
+        self.keys, self.values, self._at, self._mask = keys, values, at, mask
 
     def update_and_fetch(self, keys, values):
         self.keys = mx.slice_update(self.keys, keys, self._at, axes=(2,))
         self.values = mx.slice_update(self.values, values, self._at, axes=(2,))
-        self.keys_t = mx.slice_update(self.keys_t, mx.swapaxes(keys, 2, 3), self._at, axes=(3,))
         return self.keys, self.values
 
     def make_mask(self, *args, **kwargs):
@@ -160,10 +149,10 @@ def _function(model, capacity: int) -> tuple:
             raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
 
         def forward(x, cos, sin, at, mask, *kv):  # a new function: MLX keeps traces per function
-            slots = [_Slot(*kv[i:i + 3], at, mask) for i in range(0, len(kv), 3)]
+            slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
             with tables.giving(cos, sin):
                 logits = model(x, cache=slots)
-            return [logits] + [a for s in slots for a in (s.keys, s.values, s.keys_t)]
+            return [logits] + [a for s in slots for a in (s.keys, s.values)]
 
         entry = (model, mx.compile(forward), tables, _head_dim(model))  # the model kept: its ids stay its own
     _functions[key] = entry
@@ -177,8 +166,6 @@ class CompiledForward:
 
     def __init__(self, state):
         self.state = state
-        self._keys_t: list = []  # per layer: its keys transposed (B, H, D, capacity), for attention's scores
-        self._of: list = []  # per layer: the keys array that transposed copy was made with
 
     def takes(self, n: int) -> bool:
         """Can a call over `n` positions run compiled now (the caches allocated: `attach`
@@ -218,30 +205,9 @@ class CompiledForward:
             positions, rows = tree
             mask[:, :rows.shape[1]] = rows
         cos, sin = tables.tables(("at", positions.tobytes()), positions, d)
-        kv = [a for c, kt in zip(cache, self._transposed_keys()) for a in (c.keys, c.values, kt)]
+        kv = [a for c in cache for a in (c.keys, c.values)]
         out = fn(x.reshape(1, -1), cos, sin, mx.array([o], dtype=mx.int32), mx.array(mask), *kv)
         for i, c in enumerate(cache):
-            c.keys, c.values, self._keys_t[i] = out[1 + 3 * i: 4 + 3 * i]
+            c.keys, c.values = out[1 + 2 * i], out[2 + 2 * i]
             c.offset = o + n
-        self._of = [c.keys for c in cache]
         return out[0][0]
-
-    def forget(self) -> None:
-        """The caches were written outside a compiled call (MLX writes an array in place:
-        its identity does not change): transpose the keys again before the next one."""
-        self._of = []
-
-    def _transposed_keys(self) -> list:
-        """Each layer's keys as (B, H, D, capacity), kept beside the cache so that
-        attention's scores are a product by an untransposed matrix (the small-batch
-        kernel's fast layout, lean_attention.py).  Written with the keys in every
-        compiled call; made again from the keys where anything else wrote them since
-        (`forget`: an uncompiled call, a tree block too wide to compile, a tree
-        commit's gather) or replaced them (a capacity step, a restored state)."""
-        cache = self.state.cache
-        if len(self._of) != len(cache):
-            self._of, self._keys_t = [None] * len(cache), [None] * len(cache)
-        for i, c in enumerate(cache):
-            if self._of[i] is not c.keys:
-                self._keys_t[i] = mx.contiguous(mx.swapaxes(c.keys, 2, 3))
-        return self._keys_t

@@ -52,12 +52,7 @@ def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
     if rep > 1:  # the query heads sharing a key head: g of them (g * L rows) scored by one product
         q = q.reshape(B, n_kv, rep // g, g * L, D)
         keys, values = mx.expand_dims(keys, -3), mx.expand_dims(values, -3)
-    keys_t = getattr(cache, "keys_t", None)  # a compiled draft's keys, kept transposed (compiled_forward.py)
-    if keys_t is None:
-        keys_t = mx.swapaxes(keys, -1, -2)
-    elif rep > 1:
-        keys_t = mx.expand_dims(keys_t, -3)
-    scores = q @ keys_t
+    scores = q @ mx.swapaxes(keys, -1, -2)
     if mask is not None:
         if g > 1:  # each head's L rows under the same (L, T) mask
             scores = scores.reshape(B, n_kv, rep // g, g, L, T)

@@ -150,7 +150,6 @@ class TreeBlock:
                 a.rope = _PositionedRope(r, positions)
             first_cache.make_mask = lambda *args, **kwargs: mask
             logits = state.model(x.reshape(1, -1), cache=state.cache)[0]
-            state.written()
         finally:
             for a, r in zip(attns, ropes):
                 a.rope = r
@@ -170,7 +169,6 @@ class TreeBlock:
             for c in self.state.cache:
                 c.keys[..., base: base + n, :] = mx.take(c.keys, rows, axis=2)
                 c.values[..., base: base + n, :] = mx.take(c.values, rows, axis=2)
-            self.state.written()
         for c in self.state.cache:
             c.offset = base + n
         self.state.tokens.extend(self.tokens[j] for j in path)

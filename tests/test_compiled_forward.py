@@ -89,38 +89,6 @@ def test_tree_blocks_match_the_models_tree_call(arch, calls):
     assert calls["n"] >= 8
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_writes_outside_compiled_calls_reach_the_transposed_keys(arch, calls):
-    """The compiled draft scores attention against a transposed copy of its keys
-    (compiled_forward._transposed_keys).  MLX writes a cache array in place, so
-    whatever writes the caches outside a compiled call -- a call too wide to compile,
-    a tree block wider than that (a tree commit's gather: the test above) -- must
-    have the copy made again: each compiled call after one must still match the
-    model's own call."""
-    plain, fast, rng, history = _prefilled(arch, 3, 30)
-    wide = compiled_forward.MAX_WIDTH + 7
-    for _ in range(3):
-        new = [int(t) for t in rng.integers(3, 64, wide)]  # uncompiled: too wide
-        _same(plain.forward(plain.sync(history) + new), fast.forward(fast.sync(history) + new))
-        history = history + new
-        step = [int(rng.integers(3, 64))]
-        _same(plain.forward(plain.sync(history) + step), fast.forward(fast.sync(history) + step))
-        history = history + step
-    pending = [s.sync(history) for s in (plain, fast)][0]
-    blocks = [TreeBlock(s) for s in (plain, fast)]
-    parents = [-1, 0, 1] + [2] * (wide - 2)  # a chain, then siblings: wider than a compiled call takes
-    tokens = pending + [int(t) for t in rng.integers(3, 64, wide)]
-    _same(*[b.forward(tokens, parents) for b in blocks])
-    for b in blocks:
-        b.commit([0, 1, 2, 3])  # the block's first positions: kept where they are, no gather
-    history = history + tokens[1:4]
-    for _ in range(3):
-        step = [int(rng.integers(3, 64))]
-        _same(plain.forward(plain.sync(history) + step), fast.forward(fast.sync(history) + step))
-        history = history + step
-    assert calls["n"] >= 6
-
-
 def test_positions_left_by_a_rollback_are_never_read():
     model = lean_model("qwen2")
     plain, fast = _pair_of_states(model)
