@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
-RUNS = sorted(p.name for p in HERE.glob("bench-code*") if p.is_dir()) if len(sys.argv) > 1 else \
-    ("bench-code1", "bench-code2", "bench-code3")
+RUNS = sorted(p.name for p in HERE.glob("bench-code*") if p.is_dir())
 over_mlx_lm, over_plain = [], []
 for run in RUNS:
     pairs = collections.defaultdict(dict)
