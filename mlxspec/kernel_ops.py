@@ -39,6 +39,9 @@ def alpha(bits: int) -> float:
 ALPHA = {op: alpha(b) for op, b in BITS.items()}
 _UNUSED_B = mx.zeros((SWIGLU_WIDTH, SWIGLU_WIDTH), dtype=mx.float32)  # a SwiGLU product's B: never read
 _checked: dict[str, bool] = {}
+OPERANDS_KEPT = 64  # row-wise calls' operand shapes kept (a long conversation's widths come and go)
+BATCHED_MATRICES = 4  # a row-wise call over at most this many matrices goes unreshaped (one call each)
+_OPERANDS: dict = {}
 
 
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
@@ -50,12 +53,29 @@ def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     return out.reshape(gate.shape)
 
 
+def _operands(shape: tuple) -> tuple[mx.array, mx.array]:
+    """A row-wise call's A (*shape[:-1], 1) and B (1, n), never read: made once per shape, so
+    that a compiled forward takes them as constants instead of making them on every call."""
+    out = []
+    for key, made in ((shape[:-1] + (1,), shape[:-1] + (1,)), (("B", shape[-1]), (1, shape[-1]))):
+        if key not in _OPERANDS:
+            if len(_OPERANDS) >= OPERANDS_KEPT:
+                del _OPERANDS[next(iter(_OPERANDS))]
+            _OPERANDS[key] = mx.array(np.zeros(made, dtype=np.float32))
+        out.append(_OPERANDS[key])
+    return out[0], out[1]
+
+
 def _rows(x: mx.array, op: str) -> mx.array:
-    """A row-wise op over the last axis: addmm(x, zeros (rows, 1), zeros (1, n)), C holding x."""
+    """A row-wise op over the last axis: addmm(x, zeros (..., rows, 1), zeros (1, n)), C holding x.
+    A few matrices (attention's scores per key head) go as they are, one kernel call each:
+    no reshapes around the call; more are made one (rows, n) matrix."""
     n = x.shape[-1]
+    matrices = int(np.prod(x.shape[:-2])) if x.ndim >= 2 and x.shape[-2] > 0 else 0
+    if 1 <= matrices <= BATCHED_MATRICES:
+        return mx.addmm(x, *_operands(x.shape), alpha=ALPHA[op], beta=1.0)
     rows = x.size // n
-    out = mx.addmm(x.reshape(rows, n), mx.zeros((rows, 1), dtype=mx.float32), mx.zeros((1, n), dtype=mx.float32),
-                   alpha=ALPHA[op], beta=1.0)
+    out = mx.addmm(x.reshape(rows, n), *_operands((rows, n)), alpha=ALPHA[op], beta=1.0)
     return out.reshape(x.shape)
 
 

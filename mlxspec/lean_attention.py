@@ -49,17 +49,20 @@ def lean_attention(queries, keys, values, cache, scale, mask, sinks=None):
         mask = mx.arange(T - L, T)[:, None] >= mx.arange(T)[None]
     g = heads_per_product(rep, L) if mask is None or mask.ndim <= 2 else 1
     q = queries * scale
-    if rep > 1:  # the query heads sharing a key head: g of them (g * L rows) scored by one product
+    if rep > 1 and g == rep:  # all query heads of a key head in one product (g * L rows): the same products,
+        q = q.reshape(B, n_kv, g * L, D)  # without a batch axis of one (fewer operations to replay, compiled)
+    elif rep > 1:  # the query heads sharing a key head: g of them (g * L rows) scored by one product
         q = q.reshape(B, n_kv, rep // g, g * L, D)
         keys, values = mx.expand_dims(keys, -3), mx.expand_dims(values, -3)
     scores = q @ mx.swapaxes(keys, -1, -2)
     if mask is not None:
-        if g > 1:  # each head's L rows under the same (L, T) mask
-            scores = scores.reshape(B, n_kv, rep // g, g, L, T)
+        if g > 1 and L > 1:  # each head's L rows under the same (L, T) mask (one row: it broadcasts as it is)
+            scores = scores.reshape(*q.shape[:-2], g, L, T)
         elif rep > 1 and mask.ndim > 3:
             mask = mx.expand_dims(mask, -3)
         scores = mx.where(mask, scores, mx.finfo(mx.float32).min) if mask.dtype == mx.bool_ else scores + mask
-    out = kernel_ops.softmax(scores).reshape(*q.shape[:-1], T) @ values
+    probs = kernel_ops.softmax(scores)
+    out = (probs.reshape(*q.shape[:-1], T) if probs.ndim != q.ndim else probs) @ values
     return out.reshape(B, n_q, L, out.shape[-1]) if rep > 1 else out
 
 

@@ -70,6 +70,7 @@ class RopeTables:
         self.inv_freq = scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
         self._key, self._value = None, None
         self.given = None  # (C, S) while a compiled forward is traced (compiled_forward.py)
+        self._partners = None  # partner_matrix's P, made once
 
     @contextlib.contextmanager
     def giving(self, cos: mx.array, sin: mx.array):
@@ -80,6 +81,15 @@ class RopeTables:
             yield
         finally:
             self.given = None
+
+    def partner_matrix(self, d: int) -> mx.array:
+        """P (d, d) with x @ P == _partners(x): one signed 1 per column, so each output is
+        one of x's values exactly (the other terms are exact zeros).  A compiled forward
+        replays one product instead of _partners' two slices, negation and concatenation."""
+        if self._partners is None or self._partners.shape[0] != d:
+            self._partners = mx.array(np.array(_partners(mx.array(np.eye(d, dtype=np.float32)), self.dims,
+                                                         self.traditional)))
+        return self._partners
 
     def tables(self, key, positions: np.ndarray, d: int) -> tuple[mx.array, mx.array]:
         """(C, S), each (len(positions), d): cos / sin per rotated feature, 1 / 0 after `dims`."""
@@ -111,9 +121,9 @@ class LeanRope(nn.Module):
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         t = self._tables
-        if t.given is not None:
+        if t.given is not None:  # a compiled forward: the partners by one product (fewer operations to replay)
             c, s = t.given
-            return x * c + _partners(x, self.dims, self.traditional) * s
+            return x * c + (x @ t.partner_matrix(x.shape[-1])) * s
         if x.dtype != mx.float32:  # the tables are float32: other dtypes keep MLX's own RoPE
             return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                                 offset=offset)

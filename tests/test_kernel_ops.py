@@ -47,6 +47,19 @@ def test_softmax_matches_mlx(rows, n):
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(2, 7, 300), (1, 2, 2, 3, 40), (1, 14, 1, 65), (6, 5, 40), (3, 1, 2, 9)])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_row_wise_ops_over_a_few_matrices_are_the_one_matrix_call_bit_for_bit(shape, op):
+    """Up to BATCHED_MATRICES matrices (attention's scores per key head) go to the kernel as
+    they are, one call each, with no reshapes around it; every row bit for bit what the
+    same rows give as one (rows, n) matrix."""
+    x = mx.array((np.random.default_rng(len(shape)).standard_normal(shape) * 20).astype(np.float32))
+    fn = getattr(kernel_ops, op)
+    got = np.array(fn(x))
+    want = np.array(fn(x.reshape(-1, shape[-1]))).reshape(shape)
+    assert got.shape == tuple(shape) and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 15), (2, 65536), (5, 151936)])
 def test_log_softmax_matches_mlx_and_is_used_to_normalise(rows, n):
     x = (np.random.default_rng(n).standard_normal((rows, n)) * 8 + 12).astype(np.float32)

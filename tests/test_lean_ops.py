@@ -52,6 +52,26 @@ def test_rope_equals_mlx_rope(traditional, dims, scale):
                           np.array(rope(half, offset=7).astype(mx.float32)))
 
 
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [16, 8])
+def test_a_compiled_forwards_partners_are_one_exact_product(traditional, dims):
+    """Traced for a compiled forward, LeanRope takes each feature's signed partner by one
+    product with a signed permutation (fewer operations to replay): bit for bit what the
+    slices, negation and concatenation give, whatever the values."""
+    t = RopeTables(dims, 10000.0, 1.0, traditional)
+    x = np.random.default_rng(dims).standard_normal((1, 4, 3, 16)).astype(np.float32) * 30
+    x[0, 0, 0, :4] = [0.0, 1e-30, -1e38, 3.0e38]
+    want = np.array(lean_ops._partners(mx.array(x), dims, traditional))
+    got = np.array(mx.array(x) @ t.partner_matrix(16))
+    assert np.array_equal(got, want)
+    rope = LeanRope(nn.RoPE(dims, traditional=traditional), t)
+    x = mx.array(x[..., 1:, :])  # finite rotations: positions 7 and 8
+    c, s = t.tables(("at", b"7-8"), np.array([7, 8]), 16)
+    with t.giving(c, s):
+        given = np.array(rope(x))
+    np.testing.assert_allclose(given, np.array(rope(x, offset=7)), rtol=1e-6, atol=1e-5)
+
+
 def test_rms_norm_equals_mlx_rms_norm():
     norm = nn.RMSNorm(24, eps=1e-5)
     norm.weight = mx.random.normal((24,), key=mx.random.key(3))
