@@ -58,11 +58,12 @@ def _operands(shape: tuple) -> tuple[mx.array, mx.array]:
     that a compiled forward takes them as constants instead of making them on every call."""
     out = []
     for key, made in ((shape[:-1] + (1,), shape[:-1] + (1,)), (("B", shape[-1]), (1, shape[-1]))):
-        if key not in _OPERANDS:
+        a = _OPERANDS.get(key)
+        if a is None:  # held here: another thread's call may drop the oldest entry meanwhile
             if len(_OPERANDS) >= OPERANDS_KEPT:
-                del _OPERANDS[next(iter(_OPERANDS))]
-            _OPERANDS[key] = mx.array(np.zeros(made, dtype=np.float32))
-        out.append(_OPERANDS[key])
+                _OPERANDS.pop(next(iter(_OPERANDS), None), None)
+            a = _OPERANDS[key] = mx.array(np.zeros(made, dtype=np.float32))
+        out.append(a)
     return out[0], out[1]
 
 

@@ -60,6 +60,16 @@ def test_row_wise_ops_over_a_few_matrices_are_the_one_matrix_call_bit_for_bit(sh
     assert got.shape == tuple(shape) and np.array_equal(got, want)
 
 
+def test_the_row_wise_operands_kept_are_bounded_and_right_past_the_bound():
+    """The never-read operands made once per shape are kept for the last OPERANDS_KEPT keys
+    only; a call whose own operands push out the oldest still gets both of them."""
+    for n in range(1, kernel_ops.OPERANDS_KEPT + 9):
+        x = mx.array(np.random.default_rng(n).standard_normal((2, 3, n)).astype(np.float32))
+        got = np.array(kernel_ops.softmax(x))
+        assert np.array_equal(got, np.array(kernel_ops.softmax(x.reshape(-1, n))).reshape(2, 3, n))
+        assert len(kernel_ops._OPERANDS) <= kernel_ops.OPERANDS_KEPT
+
+
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 15), (2, 65536), (5, 151936)])
 def test_log_softmax_matches_mlx_and_is_used_to_normalise(rows, n):
     x = (np.random.default_rng(n).standard_normal((rows, n)) * 8 + 12).astype(np.float32)
