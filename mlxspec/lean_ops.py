@@ -84,8 +84,9 @@ class RopeTables:
 
     def partner_matrix(self, d: int) -> mx.array:
         """P (d, d) with x @ P == _partners(x): one signed 1 per column, so each output is
-        one of x's values exactly (the other terms are exact zeros).  A compiled forward
-        replays one product instead of _partners' two slices, negation and concatenation."""
+        one of x's values exactly (the other terms are exact zeros; a zero partner may come
+        out +0 where the slices give -0).  A compiled forward replays one product instead of
+        _partners' two slices, negation and concatenation."""
         if self._partners is None or self._partners.shape[0] != d:
             self._partners = mx.array(np.array(_partners(mx.array(np.eye(d, dtype=np.float32)), self.dims,
                                                          self.traditional)))
