@@ -1,16 +1,16 @@
 """What an operation in a compiled draft step costs to replay: the step timed with EXTRA pairs of
 view operations (expand_dims, then index 0: the same values) added before each of the draft's 49
-RMSNorm calls, in one process per setting.
+RMSNorm calls, in one process per setting (step_loop.py's loop, 15 s).
 
     for e in 0 5 0 5; do EXTRA=$e python node_cost.py; done
 """
 import os
 import statistics
-import time
 
-import mlxspec
+import mlxspec  # noqa: F401  (the kernel before mlx.core)
 import mlx.core as mx
-from mlxspec import api, lean_ops
+from mlxspec import lean_ops
+from step_loop import timed
 
 EXTRA = int(os.environ.get("EXTRA", "0"))
 _norm = lean_ops.LeanRMSNorm.__call__
@@ -23,20 +23,5 @@ def padded(self, x):
 
 
 lean_ops.LeanRMSNorm.__call__ = padded
-pair = mlxspec.load()
-state = api.make_drafter(pair).state
-hist = [1000 + (i * 37) % 5000 for i in range(300)]
-state.prefill(hist)
-
-
-def one():
-    state.sync(hist)
-    mx.eval(state.forward([hist[-1]]))
-
-
-for _ in range(5):
-    one()
-times, end = [], time.time() + 15
-while time.time() < end:
-    t = time.perf_counter(); one(); times.append(time.perf_counter() - t)
+times = timed(15)
 print(f"EXTRA {EXTRA} (x 49 norms): median {statistics.median(times) * 1e3:.2f} ms, n {len(times)}")

@@ -1,30 +1,17 @@
 #!/bin/sh
 # Where a compiled draft step's time goes, per thread: the default draft's forward over one position, again
-# and again (draft_step_ab.py's loop, 30 s), sampled by perf at 1000 Hz for 15 s once it is warm; the top
+# and again (step_loop.py's loop, 30 s), sampled by perf at 1000 Hz for 15 s once it is warm; the top
 # symbols of each thread that was busy.  Needs perf (linux-perf) and the pair pulled.
 #     sh profile.sh [TREE]          # TREE: the checkout to time (default: this repository)
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
 TREE=${1:-$(cd "$HERE/../../.." && pwd)}
 OUT=$(mktemp -d)
-PYTHONPATH=$TREE W=1 SECS=30 python - > "$OUT/loop.out" 2>&1 <<'PYEOF' &
-import os, statistics, sys, time
-import mlxspec
-import mlx.core as mx
-from mlxspec import api
-pair = mlxspec.load()
-state = api.make_drafter(pair).state
-hist = [1000 + (i * 37) % 5000 for i in range(300)]
-state.prefill(hist)
-def one():
-    state.sync(hist)
-    mx.eval(state.forward([hist[-1]]))
-for _ in range(5):
-    one()
-print("READY", os.getpid(), flush=True)
-times, end = [], time.time() + float(os.environ["SECS"])
-while time.time() < end:
-    t = time.perf_counter(); one(); times.append(time.perf_counter() - t)
+PYTHONPATH=$TREE HERE=$HERE python - > "$OUT/loop.out" 2>&1 <<'PYEOF' &
+import os, statistics, sys
+sys.path.insert(0, os.environ["HERE"])
+from step_loop import timed
+times = timed(30, ready=lambda: print("READY", os.getpid(), flush=True))
 print(f"steps {len(times)}, median {statistics.median(times) * 1e3:.2f} ms", flush=True)
 PYEOF
 until grep -q READY "$OUT/loop.out" 2>/dev/null; do sleep 0.5; done

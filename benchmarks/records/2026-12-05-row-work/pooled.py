@@ -3,6 +3,7 @@
 
     python benchmarks/records/2026-12-05-row-work/pooled.py
     python benchmarks/records/2026-12-05-row-work/pooled.py FOLDER   # the bench-code* runs of another folder
+    python benchmarks/records/2026-12-05-row-work/pooled.py FOLDER 'bench-code-base[0-9]'   # its runs named so
 """
 import collections
 import json
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
-RUNS = sorted(p.name for p in HERE.glob("bench-code*") if p.is_dir())
+RUNS = sorted(p.name for p in HERE.glob(sys.argv[2] if len(sys.argv) > 2 else "bench-code*") if p.is_dir())
 over_mlx_lm, over_plain = [], []
 for run in RUNS:
     pairs = collections.defaultdict(dict)
