@@ -16,7 +16,10 @@ s = max |w[n, :]| / 127 per output n (symmetric, per channel), stored as bytes
 q + 128 in draft_gemm.c's layout (column blocks of 64; inside, four consecutive
 inputs of each column together).  The kernel rounds each activation row to int8 in
 blocks of 32 (llama.cpp's Q8_0), multiplies in integers, and scales each column of
-the product by s (addmm's C carries s).  The bias, if any, is added after.
+the product by s (addmm's C carries s).  The bias, if any, is added after.  A
+single row (a draft step) goes as two half rows against the same bytes seen as
+(K/2, N/2): the output is then the row itself, and C, which MLX copies into it,
+is s as stored (Int8Linear.__call__; N even).
 
 4-bit (MLXSPEC_DRAFT_BITS=4, for layers whose outputs are whole column blocks of
 64): each group of 32 inputs of an output n becomes q = round(w / g) in [-8, 7] with
@@ -51,6 +54,7 @@ FMT4 = "i4"
 QMAX = 127  # symmetric: q in [-QMAX, QMAX]
 Q4MAX = 7  # 4-bit: q in [-Q4MAX - 1, Q4MAX]; the largest magnitude maps to -Q4MAX - 1
 QB = 32  # draft_gemm.c's activation block: the in-dimension must be a multiple
+PAIRS_ALPHA = packed_weights._alpha("i8 pairs")  # one row's call (Int8Linear.__call__)
 
 
 def wanted() -> bool:
@@ -102,6 +106,23 @@ class Int8Linear(PackedLinear):
     def __init__(self, packed: mx.array, scales: mx.array, K: int, N: int, bias: mx.array | None = None):
         self.scales = scales  # set first: PackedLinear evaluates the parameters
         super().__init__(packed, K, N, FMT, bias)
+        self._row = None  # (packed, its bytes as (K/2, N/2), scales as (2, N/2)): one row's call, N even
+        if N % 2 == 0:
+            pairs, c = packed.reshape(K // 2, N // 2), scales.reshape(2, N // 2)
+            mx.eval(pairs, c)  # views of the same memory
+            self._row = (packed, pairs, c)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """One row (a draft step): B as (K/2, N/2) and A as (2, K/2), so the output is the row
+        itself and C, which MLX copies into it, is the scales as stored -- three operations and a
+        copy of N values, where the (4, K/4) call makes five and copies 4N.  The kernel computes
+        the same sums either way (small_gemm.c's PACKED_I8_PAIRS)."""
+        row = self._row
+        if row is None or x.size != self.in_dims or row[0] is not self.packed:
+            return super().__call__(x)
+        y = mx.addmm(row[2], x.reshape(2, self.in_dims // 2), row[1], alpha=PAIRS_ALPHA, beta=1.0)
+        y = y.reshape(*x.shape[:-1], self.out_dims)
+        return y + self["bias"] if "bias" in self else y
 
     @classmethod
     def from_rows(cls, w: np.ndarray, bias: mx.array | None = None) -> "Int8Linear":

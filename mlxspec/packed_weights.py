@@ -41,7 +41,7 @@ import numpy as np
 ENV = "MLXSPEC_PACKED"  # "0": off; "f32": column blocks only; default: 16 bits where exact
 NB = 64  # columns per block (small_gemm.c's NB)
 ALPHA_BITS = {"f32": 0x7E5A3C01, "f16": 0x7E5A3C02, "bf16": 0x7E5A3C03, "i8": 0x7E5A3C04,
-              "i4": 0x7E5A3C05}  # small_gemm.c's PACKED_*
+              "i4": 0x7E5A3C05, "i8 pairs": 0x7E5A3C06}  # small_gemm.c's PACKED_*
 FORMAT_BIT = {"f32": 1, "f16": 2, "bf16": 4, "i8": 8, "i4": 16}  # mlxspec_gemm_formats(); i8, i4: draft_weights.py
 SPLIT = {"f32": 1, "f16": 2, "bf16": 2, "i8": 4, "i4": 8}  # rows the kernel is passed per real row (see the top)
 

@@ -24,8 +24,12 @@
  * same memory; rows M..2M-1 of C are left as they were.  C = product + beta C
  * (the bias, which MLX's addmm has copied into C).  An int8 B (PACKED_I8: a
  * draft's rounded weights) goes to draft_gemm.c, with A as (4M, K/4) and C as
- * (4M, N) holding each column's scale; a 4-bit B (PACKED_I4) to draft_gemm4.c, with
- * A as (8M, K/8), B as (K/8, 9N/8) (nibbles and group scales) and beta 0.  Packed calls always
+ * (4M, N) holding each column's scale.  The same bytes may come as
+ * PACKED_I8_PAIRS: B as (K/2, N/2), A as (2M, K/2) and C, (2M, N/2), the M real
+ * rows of N values end to end, holding each column's scale -- the output has
+ * no rows to drop, and one row's C can be the scales as stored (draft_weights.py).
+ * A 4-bit B (PACKED_I4) goes to draft_gemm4.c, with A as (8M, K/8), B as
+ * (K/8, 9N/8) (nibbles and group scales) and beta 0.  Packed calls always
  * come here, whatever `enabled` says; more than SMALL_M_MAX rows (prefill) are
  * computed in chunks of rows.
  *
@@ -66,6 +70,7 @@
 #define PACKED_BF16 0x7E5A3C03u
 #define PACKED_I8 0x7E5A3C04u   /* int8 B, four A rows per real row, C = product x C (draft_gemm.c) */
 #define PACKED_I4 0x7E5A3C05u   /* 4-bit B, eight A rows per real row, B (K/8, 9N/8), C = product (draft_gemm4.c) */
+#define PACKED_I8_PAIRS 0x7E5A3C06u /* int8 B as (K/2, N/2), two A rows per real row, C = product x C (see the top) */
 
 int mlxspec_draft_gemm(int M, int N, int K, const float *A, int lda, const uint8_t *B, float *C, int ldc);
 int mlxspec_draft_gemm_available(void);
@@ -454,6 +459,16 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
                  N >= 1 && K >= 1 && lda == K && beta == 1.0f && mlxspec_draft_gemm_available();
         __atomic_add_fetch(&packed_calls, 1, __ATOMIC_RELAXED);
         if (!ok || mlxspec_draft_gemm(M / 4, N, 4 * K, A, 4 * K, (const uint8_t *)B, C, ldc) != 0)
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */
+        return;
+    }
+    if (bits == PACKED_I8_PAIRS) { /* the real product: M / 2 rows of 2N values, K = 2 x those given */
+        int ok = order == ROW_MAJOR && trans_a == NO_TRANS && trans_b == NO_TRANS && M >= 2 && M % 2 == 0 &&
+                 N >= 1 && K >= 1 && lda == K && ldc == N && beta == 1.0f && mlxspec_draft_gemm_available();
+        __atomic_add_fetch(&packed_calls, 1, __ATOMIC_RELAXED);
+        if (!ok || mlxspec_draft_gemm(M / 2, 2 * N, 2 * K, A, 2 * K, (const uint8_t *)B, C, 2 * ldc) != 0)
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++)
                     C[(size_t)m * ldc + n] = __builtin_nanf(""); /* loud, never silently wrong */

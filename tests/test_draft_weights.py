@@ -6,6 +6,9 @@ output (trees and chains) equals plain decoding; sampled output follows the targ
 exact sequence distribution even with a draft rounded to three levels, and the same
 test fails when q is reported from the unrounded draft."""
 
+import collections
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -106,6 +109,46 @@ def test_bias_leading_dims_and_take_columns():
     sub = layer.take_columns(ids)
     assert np.array_equal(np.array(sub(mx.array(x))), flat[:, ids])
     assert np.array_equal(np.array(sub.wt()), np.array(layer.wt())[:, ids])
+
+
+@pytest.mark.parametrize("n", [200, 64, 9728, 7])
+def test_one_row_goes_as_pairs_and_gives_the_four_row_calls_bits(n):
+    """A draft step's single row is passed as (2, K/2) against the same bytes seen as (K/2, N/2),
+    C the scales as stored: bit for bit what the (4, K/4) call gives, with a bias and with any
+    leading dimensions; an odd N keeps the (4, K/4) call."""
+    x, w = rows_and_weight(1, 96, n, seed=n)
+    bias = mx.array(np.linspace(-1, 1, n, dtype=np.float32))
+    for layer in (Int8Linear.from_rows(w), Int8Linear.from_rows(w, bias)):
+        assert (layer._row is None) == (n % 2 == 1)
+        four_rows = np.array(PackedLinear.__call__(layer, mx.array(x)))  # the (4M, K/4) call
+        for shape in ((96,), (1, 96), (1, 1, 96)):
+            got = layer(mx.array(x.reshape(shape)))
+            assert got.shape == shape[:-1] + (n,) and np.array_equal(np.array(got).reshape(1, n), four_rows)
+    if layer._row is not None:  # views of the weight's own memory, not copies
+        packed, pairs, c = layer._row
+        assert np.shares_memory(np.asarray(memoryview(pairs)), np.asarray(memoryview(packed)))
+        assert np.shares_memory(np.asarray(memoryview(c)), np.asarray(memoryview(layer.scales)))
+
+
+def test_a_one_row_product_is_three_operations(tmp_path):
+    """What the pairs call is for: a step of the default draft makes 97 of these products, and each
+    operation costs dispatch time (the (4, K/4) call made five: a broadcast of the scales, a
+    slice of the first row and the reshapes)."""
+    x, w = rows_and_weight(1, 64, 128)
+    layer = Int8Linear.from_rows(w)
+    out = layer(mx.array(x.reshape(1, 1, 64)))
+    mx.export_to_dot(str(tmp_path / "g.dot"), out)
+    ops = collections.Counter(re.findall(r'label ="([A-Za-z_0-9]+)', (tmp_path / "g.dot").read_text()))
+    assert ops == {"Reshape": 2, "AddMM": 1}, ops
+
+
+@pytest.mark.parametrize("rows, beta", [(3, 1.0), (2, 0.0)])
+def test_a_malformed_pairs_call_is_nan(rows, beta):
+    layer = Int8Linear.from_rows(rows_and_weight(1, 64, 64)[1])
+    a = mx.array(np.ones((rows, 32), dtype=np.float32))  # pairs calls come with 2M rows
+    c = mx.zeros((rows, 32)) + 1.0
+    out = mx.addmm(c, a, layer._row[1], alpha=draft_weights.PAIRS_ALPHA, beta=beta)
+    assert np.isnan(np.array(out)).all()
 
 
 def test_a_malformed_call_is_nan_not_silently_wrong():
