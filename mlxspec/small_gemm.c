@@ -54,8 +54,8 @@
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins (packed B: chunks of rows) */
 #define NB 64          /* output columns per tile: four 16-float vectors */
-#define MB_ONE_PASS 8  /* most activation rows per register tile (32 accumulators); more rows: even passes */
-#define PF_ROWS 16     /* weight rows ahead that each step prefetches (the streamer alone falls behind) */
+#define MB_ONE_PASS 10 /* most activation rows per register tile (40 accumulators: a few spill; 12 spill too many); more: even passes */
+#define PF_ROWS 256    /* weight rows ahead that each step prefetches into L2 (16 into L1 left the memory idle while the rows were multiplied) */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
 #define MIN_PARALLEL_WORK (1 << 18) /* multiply-adds below which one thread does it all */
 
@@ -92,6 +92,8 @@ typedef float v16 __attribute__((vector_size(64)));
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+/* *p in every lane: one broadcast load (`(v16){0} + *p` added 0 first, and shuffled in a register) */
+static inline v16 splat(const float *p) { float x = *p; return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 static inline v16 load16_bf16(const uint16_t *p)
 {
@@ -153,12 +155,12 @@ static inline float element(int fmt, const void *B, size_t i)
         for (int k = k0; k < k1; k++) {                                                                             \
             const T *b = B + (size_t)k * ldb;                                                                       \
             for (size_t line = 0; line < sizeof(T) * NB; line += 64) /* every cache line of row k + PF_ROWS */      \
-                __builtin_prefetch((const char *)(b + PF_ROWS * ldb) + line, 0, 3);                                 \
+                __builtin_prefetch((const char *)(b + PF_ROWS * ldb) + line, 0, 1);                                 \
             v16 b0 = LOAD(b), b1 = LOAD(b + 16), b2 = LOAD(b + 32), b3 = LOAD(b + 48);                              \
-            _Pragma("GCC unroll 8") for (int m = 0; m < MB_ONE_PASS; m++)                                           \
+            _Pragma("GCC unroll 10") for (int m = 0; m < MB_ONE_PASS; m++)                                          \
             {                                                                                                       \
                 if (m < mb) {                                                                                       \
-                    v16 a = (v16){0} + A[(size_t)m * lda + k];                                                      \
+                    v16 a = splat(A + (size_t)m * lda + k);                                                          \
                     c[m][0] += a * b0;                                                                              \
                     c[m][1] += a * b1;                                                                              \
                     c[m][2] += a * b2;                                                                              \
@@ -180,7 +182,9 @@ static inline float element(int fmt, const void *B, size_t i)
         case 5: NAME##_rows(5, k0, k1, A, lda, B, ldb, acc); break;                                                 \
         case 6: NAME##_rows(6, k0, k1, A, lda, B, ldb, acc); break;                                                 \
         case 7: NAME##_rows(7, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        default: NAME##_rows(8, k0, k1, A, lda, B, ldb, acc);                                                       \
+        case 8: NAME##_rows(8, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        case 9: NAME##_rows(9, k0, k1, A, lda, B, ldb, acc); break;                                                 \
+        default: NAME##_rows(10, k0, k1, A, lda, B, ldb, acc);                                                      \
         }                                                                                                           \
     }
 TILE(tile_f32, float, load16)
@@ -218,7 +222,7 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            int passes = (M + MB_ONE_PASS - 1) / MB_ONE_PASS, step = (M + passes - 1) / passes; /* 9: 5 + 4 */
+            int passes = (M + MB_ONE_PASS - 1) / MB_ONE_PASS, step = (M + passes - 1) / passes; /* 11: 6 + 5 */
             for (int m0 = 0; m0 < M; m0 += step) {
                 int mb = M - m0 < step ? M - m0 : step;
                 const float *a = A + (size_t)m0 * lda;

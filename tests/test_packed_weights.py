@@ -58,7 +58,7 @@ def test_products_equal_the_float32_kernel_bit_for_bit(fmt, k, n):
     packed = PackedLinear.from_weight(mx.array(w), None, fmt)
     assert packed.fmt == fmt and np.array_equal(np.array(packed.wt()), w)
     plain = mx.array(w)
-    for m in (1, 2, 3, 5, 8, 13, 16):
+    for m in (1, 2, 3, 5, 8, 9, 10, 11, 13, 16):
         x = mx.array(np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32))
         before = small_gemm.packed_calls()
         got, want = packed(x), x @ plain  # both in the kernel: the same order of terms

@@ -42,7 +42,7 @@ def test_takes_decode_sized_products_only():
     assert small_gemm.calls() == before + 1
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 31, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 16, 31, 32])
 @pytest.mark.parametrize("k,n", [(1, 1), (17, 7), (300, 64), (64, 100), (257, 200), (40, 1000)])
 def test_products_match_float64(m, k, n):
     a, b, c = rand(m, k, seed=1), rand(k, n, seed=2), rand(m, n, seed=3)
@@ -75,7 +75,7 @@ def test_each_row_is_computed_as_it_would_be_alone(k, n, transposed):
     x = mx.array(rand(32, k, seed=4))
     w = mx.array(rand(n, k, seed=5)).T if transposed else mx.array(rand(k, n, seed=5))
     alone = np.concatenate([np.array(x[i:i + 1] @ w) for i in range(32)])
-    for m in (2, 3, 5, 6, 7, 8, 16, 32):
+    for m in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 16, 20, 32):  # every register tile (1-10 rows) and even passes
         together = np.array(x[:m] @ w)
         assert np.array_equal(together, alone[:m]), f"{m} rows together differ from each row alone"
 
