@@ -54,7 +54,7 @@ FMT4 = "i4"
 QMAX = 127  # symmetric: q in [-QMAX, QMAX]
 Q4MAX = 7  # 4-bit: q in [-Q4MAX - 1, Q4MAX]; the largest magnitude maps to -Q4MAX - 1
 QB = 32  # draft_gemm.c's activation block: the in-dimension must be a multiple
-PAIRS_ALPHA = packed_weights._alpha("i8 pairs")  # one row's call (Int8Linear.__call__)
+PAIRS_ALPHA = packed_weights.alpha_of("i8 pairs")  # one row's call (Int8Linear.__call__)
 
 
 def wanted() -> bool:

@@ -23,6 +23,8 @@ on the CPU backend with the kernel loaded and lean layers on (MLXSPEC_LEAN).
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 
@@ -72,7 +74,7 @@ def _rows(x: mx.array, op: str) -> mx.array:
     A few matrices (attention's scores per key head) go as they are, one kernel call each:
     no reshapes around the call; more are made one (rows, n) matrix."""
     n = x.shape[-1]
-    matrices = int(np.prod(x.shape[:-2])) if x.ndim >= 2 and x.shape[-2] > 0 else 0
+    matrices = math.prod(x.shape[:-2]) if x.ndim >= 2 and x.shape[-2] > 0 else 0
     if 1 <= matrices <= BATCHED_MATRICES:
         return mx.addmm(x, *_operands(x.shape), alpha=ALPHA[op], beta=1.0)
     rows = x.size // n

@@ -49,7 +49,8 @@ _checked: dict[str, bool] = {}
 _ZERO = mx.array(0.0, dtype=mx.float32)  # addmm's C when there is no bias
 
 
-def _alpha(fmt: str) -> float:
+def alpha_of(fmt: str) -> float:
+    """The float whose bits mark a call on a weight packed as `fmt` (small_gemm.c's PACKED_*)."""
     return struct.unpack("<f", struct.pack("<I", ALPHA_BITS[fmt]))[0]
 
 
@@ -140,7 +141,7 @@ class PackedLinear(nn.Module):
         if bias is not None:
             self.bias = bias
         self.in_dims, self.out_dims, self.fmt = K, N, fmt
-        self._alpha = _alpha(fmt)
+        self._alpha = alpha_of(fmt)
         mx.eval(self.parameters())
 
     @classmethod
