@@ -4,8 +4,8 @@
     python benchmarks/kernel_ab.py --base 548dfd1 --rows 1,2,4,5,8 --repeats 9
     python benchmarks/kernel_ab.py --format i8      # the int8 draft products (draft_gemm.c)
 
-Both revisions' sources are compiled with the flags the package uses and loaded
-into one process (RTLD_LOCAL, so neither replaces MLX's BLAS).  Each repeat
+Both revisions' sources are compiled with the flags the package uses (and OpenMP
+for a revision from before thread_pool.c) and loaded into one process (RTLD_LOCAL, so neither replaces MLX's BLAS).  Each repeat
 multiplies 1..N activation rows by layers of a model's MLP weights (random
 values, the real shapes; about 650 MB, more than the caches keep, as in a real
 step) through each build's `cblas_sgemm` in turn, interleaved: with --format f16
@@ -41,19 +41,41 @@ SHAPES = {"f16": [(1536, 8960), (1536, 8960), (8960, 1536)],  # the default targ
 ALPHA_BITS = {"f16": 0x7E5A3C02, "i8": 0x7E5A3C04}  # packed_weights.ALPHA_BITS (that module imports mlx)
 SHRINK = {"f16": 2, "i8": 4}  # a packed B travels as float32: A as (s M, K/s), C as (s M, N) (packed_weights.py)
 BETA = {"f16": 0.0, "i8": 1.0}  # an int8 call multiplies the product by C (the scales), with beta 1
+IDLE_S = 0.02  # both builds' worker threads spin ~1 ms after a product, then sleep
 LAYERS = {"f16": 8, "i8": 48}  # ~650 MB of weights either way: more than the caches keep between repeats
 
 
-def build(sources: list[str], out: Path) -> ctypes.CDLL:
-    """The kernel library from `sources` (the texts of small_gemm.SOURCES, in order)."""
-    paths = []
-    for i, text in enumerate(sources):
-        paths.append(out.with_name(f"{out.stem}{i}.c"))
-        paths[-1].write_text(text)
+KERNEL_FILES = ("small_gemm.c", "draft_gemm.c", "draft_gemm4.c", "thread_pool.c", "thread_pool.h")
+
+
+def sources_at(rev: str | None) -> dict[str, str]:
+    """The kernel's files (name: text) at git revision `rev`, or in the working tree (None):
+    those of KERNEL_FILES that exist there (an older revision has fewer)."""
+    if rev is None:
+        return {n: (ROOT / "mlxspec" / n).read_text() for n in KERNEL_FILES if (ROOT / "mlxspec" / n).exists()}
+    out = {}
+    for n in KERNEL_FILES:
+        r = subprocess.run(["git", "show", f"{rev}:mlxspec/{n}"], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode == 0:
+            out[n] = r.stdout
+    if "small_gemm.c" not in out:
+        raise SystemExit(f"kernel_ab: no kernel sources at {rev!r}")
+    return out
+
+
+def build(files: dict[str, str], folder: Path) -> ctypes.CDLL:
+    """The kernel library from `files` (sources_at), with the package's flags (and OpenMP for
+    a revision whose loops were OpenMP's, before thread_pool.c)."""
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
     cc = small_gemm._compiler()
     if cc is None:
         raise SystemExit("no C compiler (cc)")
-    subprocess.run([cc, *small_gemm.FLAGS, *map(str, paths), "-o", str(out), "-ldl", "-lm"], check=True)
+    flags = [*small_gemm.FLAGS] + (["-fopenmp"] if any("#pragma omp" in t for t in files.values()) else [])
+    out = folder / "kernel.so"
+    subprocess.run([cc, *flags, *(str(folder / n) for n in files if n.endswith(".c")), "-o", str(out), "-ldl", "-lm"],
+                   check=True)
     lib = ctypes.CDLL(str(out), mode=ctypes.RTLD_LOCAL)
     f = lib.cblas_sgemm
     f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -89,15 +111,9 @@ def main() -> int:
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     fmt, shrink = args.format, SHRINK[args.format]
-    shown = [subprocess.run(["git", "show", f"{args.base}:{p.relative_to(ROOT)}"], cwd=ROOT, capture_output=True,
-                            text=True) for p in small_gemm.SOURCES]
-    failed = [r for r in shown if r.returncode]
-    if failed:
-        raise SystemExit(f"kernel_ab: no kernel sources at {args.base!r}: {failed[0].stderr.strip().splitlines()[-1]}")
-    base = [r.stdout for r in shown]
+    base = sources_at(args.base)
     with tempfile.TemporaryDirectory() as d:
-        builds = {args.base: build(base, Path(d) / "base.so"),
-                  "working tree": build([p.read_text() for p in small_gemm.SOURCES], Path(d) / "tree.so")}
+        builds = {args.base: build(base, Path(d) / "base"), "working tree": build(sources_at(None), Path(d) / "tree")}
         alpha = struct.unpack("<f", struct.pack("<I", ALPHA_BITS[fmt]))[0]
         rng = np.random.default_rng(0)
         weights = [(k, n, *layer(fmt, rng, k, n)) for _ in range(LAYERS[fmt]) for k, n in SHAPES[fmt]]
@@ -109,6 +125,7 @@ def main() -> int:
                 order = list(builds.items())
                 for name, f in order if rep % 2 == 0 else order[::-1]:
                     outs = [np.tile(c0, (shrink * m, 1)) for _, _, _, c0 in weights]  # before the clock: C is overwritten
+                    time.sleep(IDLE_S)  # the other build's idle threads stop spinning (each build has its own)
                     t = time.perf_counter()
                     for (k, n, w, _), out in zip(weights, outs):
                         f(ROW_MAJOR, NO_TRANS, NO_TRANS, shrink * m, n, k // shrink, alpha, acts[k].ctypes.data, k // shrink,

@@ -30,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "thread_pool.h"
+
 #define NB 64  /* output columns per block: four 16-lane vectors (as small_gemm.c) */
 #define QB 32  /* activation values per quantisation block */
 #define MB 6   /* activation rows per register tile: 24 integer accumulators */
@@ -255,6 +257,23 @@ static void quantise_rows(int M, int K, const float *A, int lda, int8_t *q, floa
 /* Are products of AMX_MIN_ROWS+ rows on AMX tiles now (draft_gemm4.c follows the same setting)? */
 int mlxspec_draft_amx_on(void) { return HAVE_AMX && amx; }
 
+/* A chunk of rows of a rounded product, for its parallel loop (thread_pool.h) */
+struct rounded_call {
+    mlxspec_draft_block_fn block;
+    int rows, N, K, ldc;
+    const int8_t *qa;
+    const float *ascale;
+    const int32_t *asum;
+    const uint8_t *B;
+    float *C;
+};
+
+static void rounded_block(long nb, void *ctx)
+{
+    const struct rounded_call *r = ctx;
+    r->block((int)nb, r->rows, r->N, r->K, r->qa, r->ascale, r->asum, r->B, r->C, r->ldc);
+}
+
 /* A product of M rows by a rounded B (this file's int8, draft_gemm4.c's 4-bit): the rows rounded as above,
  * then `block` computes column block nb for up to CHUNK rows at a time, blocks in parallel; 0, or -1 when K
  * is not a multiple of QB or memory ran out.  Shared by both formats. */
@@ -272,13 +291,11 @@ int mlxspec_draft_run(int M, int N, int K, const float *A, int lda, const uint8_
         return -1;
     }
     quantise_rows(M, K, A, lda, qa, ascale, asum);
-    int nblocks = (N + NB - 1) / NB;
     for (int m0 = 0; m0 < M; m0 += CHUNK) {
         int rows = M - m0 < CHUNK ? M - m0 : CHUNK;
-#pragma omp parallel for schedule(static) if ((long)rows * N * K >= MIN_PARALLEL_WORK)
-        for (int nb = 0; nb < nblocks; nb++)
-            block(nb, rows, N, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks, asum + (size_t)m0 * blocks, B,
-                  C + (size_t)m0 * ldc, ldc);
+        struct rounded_call r = {block, rows, N, K, ldc, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks,
+                                 asum + (size_t)m0 * blocks, B, C + (size_t)m0 * ldc};
+        mlxspec_par_for((N + NB - 1) / NB, (long)rows * N * K >= MIN_PARALLEL_WORK, rounded_block, &r);
     }
     free(qa), free(ascale), free(asum);
     return 0;

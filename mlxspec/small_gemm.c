@@ -45,6 +45,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "thread_pool.h"
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_F16 1
@@ -260,25 +262,47 @@ static float dot(const float *a, const float *b, int K)
     return t;
 }
 
+/* A product's arguments, for its parallel loop (thread_pool.h) */
+struct product {
+    int M, N, K, lda, ldb, packed, fmt, ldc;
+    float alpha, beta;
+    const float *A;
+    const void *B;
+    float *C;
+};
+
+static void bt_column(long n, void *ctx)
+{
+    const struct product *p = ctx;
+    const float *B = p->B;
+    for (int m = 0; m < p->M; m++) {
+        float v = p->alpha * dot(p->A + (size_t)m * p->lda, B + (size_t)n * p->ldb, p->K);
+        float *c = p->C + (size_t)m * p->ldc + n;
+        *c = p->beta == 0.0f ? v : v + p->beta * *c;
+    }
+}
+
 static void small_sgemm_bt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                            float beta, float *C, int ldc)
 {
-#pragma omp parallel for schedule(static) if ((long)M * N * K >= MIN_PARALLEL_WORK)
-    for (int n = 0; n < N; n++)
-        for (int m = 0; m < M; m++) {
-            float v = alpha * dot(A + (size_t)m * lda, B + (size_t)n * ldb, K);
-            float *c = C + (size_t)m * ldc + n;
-            *c = beta == 0.0f ? v : v + beta * *c;
-        }
+    struct product p = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .alpha = alpha, .beta = beta,
+                        .A = A, .B = B, .C = C};
+    mlxspec_par_for(N, (long)M * N * K >= MIN_PARALLEL_WORK, bt_column, &p);
+}
+
+static void product_block(long nb, void *ctx)
+{
+    const struct product *p = ctx;
+    column_block((int)nb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb, p->packed, p->fmt, p->beta, p->C,
+                 p->ldc);
 }
 
 static void small_sgemm(int M, int N, int K, float alpha, const float *A, int lda, const void *B, int ldb, int packed,
                         int fmt, float beta, float *C, int ldc)
 {
-    int blocks = (N + NB - 1) / NB;
-#pragma omp parallel for schedule(static) if ((long)M * N * K >= MIN_PARALLEL_WORK)
-    for (int nb = 0; nb < blocks; nb++)
-        column_block(nb, M, N, K, alpha, A, lda, B, ldb, packed, fmt, beta, C, ldc);
+    struct product p = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .packed = packed, .fmt = fmt, .ldc = ldc,
+                        .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+    mlxspec_par_for((N + NB - 1) / NB, (long)M * N * K >= MIN_PARALLEL_WORK, product_block, &p);
 }
 
 /* A call on packed weights: the shapes as the caller passed them (see the top). */
@@ -374,12 +398,22 @@ __attribute__((optimize("fp-contract=off"))) static void swiglu_range(long i0, l
     }
 }
 
+struct swiglu_call {
+    long n;
+    const float *g;
+    float *c;
+};
+
+static void swiglu_chunk(long j, void *ctx)
+{
+    const struct swiglu_call *s = ctx;
+    swiglu_range(j * 4096, (j + 1) * 4096 < s->n ? (j + 1) * 4096 : s->n, s->g, s->c);
+}
+
 static void swiglu(long n, const float *g, float *c)
 {
-    long chunks = (n + 4095) / 4096;
-#pragma omp parallel for schedule(static) if (n >= SWIGLU_PARALLEL)
-    for (long j = 0; j < chunks; j++)
-        swiglu_range(j * 4096, (j + 1) * 4096 < n ? (j + 1) * 4096 : n, g, c);
+    struct swiglu_call s = {n, g, c};
+    mlxspec_par_for((n + 4095) / 4096, n >= SWIGLU_PARALLEL, swiglu_chunk, &s);
 }
 
 /* softmax of one row, in place: max, exp(x - max) (MLX's exp), their sum (16 lanes, then the lanes
@@ -430,11 +464,21 @@ __attribute__((optimize("fp-contract=off"))) static void softmax_row(float *x, i
         x[i] *= inv;
 }
 
+struct softmax_call {
+    int N, ldc, log_space;
+    float *C;
+};
+
+static void softmax_one(long m, void *ctx)
+{
+    const struct softmax_call *s = ctx;
+    softmax_row(s->C + (size_t)m * s->ldc, s->N, s->log_space);
+}
+
 static void softmax_rows(int M, int N, float *C, int ldc, int log_space)
 {
-#pragma omp parallel for schedule(static) if ((long)M * N >= SOFTMAX_PARALLEL)
-    for (int m = 0; m < M; m++)
-        softmax_row(C + (size_t)m * ldc, N, log_space);
+    struct softmax_call s = {N, ldc, log_space, C};
+    mlxspec_par_for(M, (long)M * N >= SOFTMAX_PARALLEL, softmax_one, &s);
 }
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,

@@ -11,7 +11,8 @@ speed and 8 rows cost about 1.2x one (the target's layer weights, matmuls
 alone); end to end, `python benchmarks/small_gemm.py`.
 
 The kernel is compiled here, on first use, for this machine's CPU (`cc -O3
--march=native -fopenmp`), cached under `cache_dir()/kernels/` by a hash of the
+-march=native -pthread`; its parallel loops run on one process-wide pool of threads,
+thread_pool.c), cached under `cache_dir()/kernels/` by a hash of the
 source, the compiler and the CPU, and loaded RTLD_GLOBAL before `mlx.core` so
 that MLX's `cblas_sgemm` calls reach it; it forwards every call it is not made
 for (more than 32 rows: prefill; a transposed A) to OpenBLAS.  Each output is
@@ -36,11 +37,11 @@ import subprocess
 from pathlib import Path
 
 ENV = "MLXSPEC_SMALL_GEMM"  # "0": OpenBLAS takes every call
-SOURCE = Path(__file__).with_name("small_gemm.c")
-SOURCES = (SOURCE, Path(__file__).with_name("draft_gemm.c"), Path(__file__).with_name("draft_gemm4.c"))  # one library
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+SOURCES = tuple(Path(__file__).with_name(f) for f in (
+    "small_gemm.c", "draft_gemm.c", "draft_gemm4.c", "thread_pool.c"))  # one library
+HEADERS = (Path(__file__).with_name("thread_pool.h"),)
+FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
-SPIN_COUNT = "30000"  # GOMP_SPINCOUNT: how long idle OpenMP threads spin before they sleep
 
 _state: dict = {"lib": None, "why": None}
 
@@ -65,7 +66,7 @@ def library_path(cc: str) -> Path:
     from .paths import cache_dir
 
     st = os.stat(cc)
-    ident = "\0".join([*(s.read_text() for s in SOURCES), os.path.realpath(cc), str(st.st_size), str(st.st_mtime_ns),
+    ident = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), os.path.realpath(cc), str(st.st_size), str(st.st_mtime_ns),
                        " ".join(FLAGS), _cpu_flags(), platform.machine()])
     return cache_dir() / "kernels" / f"small_gemm-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
@@ -114,14 +115,6 @@ def preload(blas_path: str) -> bool:
     path = build()
     if path is None:
         return False
-    # idle OpenMP threads spin briefly, then sleep: a forward makes ~200 products a few tens of
-    # microseconds apart, and waking sleeping threads for each one costs time: a packed target
-    # step took 82-84 ms with OMP_WAIT_POLICY=PASSIVE (sleep at once), 63-83 ms with this spin
-    # (3 runs each); GCC's default spins 10x longer.  Idle processes (a server, a chat waiting
-    # for input) still sleep
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # GCC's libgomp: spins
-        os.environ.setdefault("KMP_BLOCKTIME", "1")  # LLVM's libomp: milliseconds
     try:
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         if lib.mlxspec_gemm_init(blas_path.encode()) != 0:
@@ -132,6 +125,7 @@ def preload(blas_path: str) -> bool:
         return False
     lib.mlxspec_gemm_calls.restype = ctypes.c_long
     lib.mlxspec_gemm_packed_calls.restype = ctypes.c_long
+    lib.mlxspec_pool_loops.restype = ctypes.c_long
     _state["lib"], _state["build"] = lib, path.stem
     return True
 
@@ -176,6 +170,13 @@ def calls() -> int:
     """Products the kernel has computed in this process (0 when not loaded)."""
     lib = _state["lib"]
     return int(lib.mlxspec_gemm_calls()) if lib is not None else 0
+
+
+def pool() -> tuple[int, int]:
+    """(threads, parallel loops run) of the kernels' one thread pool (thread_pool.c), the caller's
+    thread counted; (0, 0) when not loaded."""
+    lib = _state["lib"]
+    return (int(lib.mlxspec_pool_threads()), int(lib.mlxspec_pool_loops())) if lib is not None else (0, 0)
 
 
 def packed_calls() -> int:
