@@ -5,7 +5,8 @@
     python benchmarks/kernel_ab.py --format i8      # the int8 draft products (draft_gemm.c)
 
 Both revisions' sources are compiled with the flags the package uses (and OpenMP
-for a revision from before thread_pool.c) and loaded into one process (RTLD_LOCAL, so neither replaces MLX's BLAS).  Each repeat
+for a revision from before thread_pool.c) and loaded into one process (RTLD_LOCAL,
+so neither replaces MLX's BLAS).  Each repeat
 multiplies 1..N activation rows by layers of a model's MLP weights (random
 values, the real shapes; about 650 MB, more than the caches keep, as in a real
 step) through each build's `cblas_sgemm` in turn, interleaved: with --format f16

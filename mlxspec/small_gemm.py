@@ -66,8 +66,8 @@ def library_path(cc: str) -> Path:
     from .paths import cache_dir
 
     st = os.stat(cc)
-    ident = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), os.path.realpath(cc), str(st.st_size), str(st.st_mtime_ns),
-                       " ".join(FLAGS), _cpu_flags(), platform.machine()])
+    ident = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), os.path.realpath(cc), str(st.st_size),
+                       str(st.st_mtime_ns), " ".join(FLAGS), _cpu_flags(), platform.machine()])
     return cache_dir() / "kernels" / f"small_gemm-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 

@@ -19,8 +19,8 @@ for folder in sys.argv[1:]:
     base = next(c for c in contenders if c.startswith("mlx-lm"))
     print(folder)
     for c in contenders:
-        cells = " ".join(f"{p.split('/')[1][:6]} {med[(c, p)] / med[('plain', p)]:.2f}/{med[(c, p)] / med[(base, p)]:.2f}"
-                         for p in prompts)
+        cells = " ".join(f"{p.split('/')[1][:6]} {med[(c, p)] / med[('plain', p)]:.2f}/"
+                         f"{med[(c, p)] / med[(base, p)]:.2f}" for p in prompts)
         over_plain = st.median(med[(c, p)] / med[("plain", p)] for p in prompts)
         over_base = st.median(med[(c, p)] / med[(base, p)] for p in prompts)
         print(f"  {c:28s} {cells}  med {over_plain:.3f} / {over_base:.3f}")
