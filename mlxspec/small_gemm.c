@@ -55,8 +55,15 @@
 #endif
 
 #define SMALL_M_MAX 32 /* more rows: the packing GEMM's better use of compute wins (packed B: chunks of rows) */
-#define NB 64          /* output columns per tile: four 16-float vectors */
+#define NB 64          /* output columns per block (a packed block: its K rows of 64 contiguous) */
+#ifdef __AVX512F__ /* 32 registers of 16 floats */
 #define MB_ONE_PASS 10 /* most rows per register tile (40 accumulators: a few spill; 12 rows' too many); more: even passes */
+#define JV(mb) 4       /* vectors per row in a register tile: the whole 64-column block */
+#else /* AVX2 (16 registers of 8 floats): 8-12 accumulators, as BLIS's Haswell tile (6 x 16); the AVX-512 tile,
+       * split in two registers per vector, ran 5 rows in 4.4 times one row's time (1.8 times now) */
+#define MB_ONE_PASS 6  /* rows per register tile */
+#define JV(mb) ((mb) == 1 ? 8 : (mb) <= 3 ? 4 : 2) /* strips of 64, 32 or 16 columns, each over the same rows */
+#endif
 #define PF_NEAR 16     /* weight rows ahead that a step prefetches into L1, for 1-2 rows (the streamer alone falls behind) */
 #define PF_FAR 256     /* ... into L2, for 3+ rows: the next pass's rows arrive while these are multiplied (1.12-1.27x) */
 #define KB 256         /* weight rows per pass over a tile (the tile's weights stay in L2) */
@@ -91,39 +98,54 @@ static int enabled = 1;
 static long calls;        /* products this kernel computed (tests read it) */
 static long packed_calls; /* of which on packed weights */
 
-typedef float v16 __attribute__((vector_size(64)));
+#if HAVE_F16
+static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#endif
 
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-/* *p in every lane: one broadcast load (`(v16){0} + *p` added 0 first, and shuffled in a register) */
-static inline v16 splat(const float *p) { float x = *p; return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+/* The register tile's vectors, of the machine's own width: GCC keeps a vector type wider than the
+ * registers in memory, and on AVX2 a tile of 16-float vectors ran at a tenth of the FMA units' rate. */
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vn __attribute__((vector_size(4 * VW)));
 
-static inline v16 load16_bf16(const uint16_t *p)
+static inline vn loadn(const float *p) { vn v; memcpy(&v, p, sizeof v); return v; }
+static inline void storen(float *p, vn v) { memcpy(p, &v, sizeof v); }
+static inline vn splatn(const float *p) /* a broadcast load (a lane-by-lane fill became 8 inserts) */
 {
-    typedef uint16_t u16x16 __attribute__((vector_size(32)));
-    typedef uint32_t u32x16 __attribute__((vector_size(64)));
-    u16x16 h;
+    float x = *p;
+#if VW == 16
+    return (vn){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#elif VW == 8
+    return (vn){x, x, x, x, x, x, x, x};
+#else
+    return (vn){x, x, x, x};
+#endif
+}
+static inline vn loadn_bf16(const uint16_t *p)
+{
+    typedef uint16_t u16n __attribute__((vector_size(2 * VW)));
+    typedef uint32_t u32n __attribute__((vector_size(4 * VW)));
+    u16n h;
     memcpy(&h, p, sizeof h);
-    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    v16 v;
+    u32n w = __builtin_convertvector(h, u32n) << 16;
+    vn v;
     memcpy(&v, &w, sizeof v);
     return v;
 }
-
 #if HAVE_F16
-static inline v16 load16_f16(const uint16_t *p)
+static inline vn loadn_f16(const uint16_t *p)
 {
 #ifdef __AVX512F__
-    __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return (vn)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #else
-    __m256 f[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    return (vn)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #endif
-    v16 v;
-    memcpy(&v, &f, sizeof v);
-    return v;
 }
-static inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 #endif
 
 /* element i of B, widened to float32 exactly */
@@ -145,58 +167,70 @@ static inline float element(int fmt, const void *B, size_t i)
 #endif
 }
 
-/* acc[m][0..NB) += sum over k in [k0,k1) of A[m][k] * B[k][0..NB), for m < mb (<= MB_ONE_PASS);
- * B's rows are ldb elements apart (N for a plain B, NB inside a packed block). */
+/* acc[m][0..VW jv) += sum over k in [k0,k1) of A[m][k] * B[k][0..VW jv), for m < mb (<= MB_ONE_PASS);
+ * B's rows are ldb elements apart (N for a plain B, NB inside a packed block), acc's NB.  `fetch`: the first
+ * strip of a block prefetches every cache line of the rows ahead (the later strips find them in cache). */
 #define TILE(NAME, T, LOAD)                                                                                         \
-    static inline __attribute__((always_inline)) void NAME##_rows(int mb, int k0, int k1, const float *A, int lda, \
-                                                                  const T *B, size_t ldb, float *acc)              \
+    static inline __attribute__((always_inline)) void NAME##_rows(int mb, int jv, int fetch, int k0, int k1,       \
+                                                                  const float *A, int lda, const T *B, size_t ldb, \
+                                                                  float *acc)                                       \
     {                                                                                                               \
-        v16 c[MB_ONE_PASS][4];                                                                                      \
+        vn c[MB_ONE_PASS][NB / VW];                                                                                 \
         for (int m = 0; m < MB_ONE_PASS; m++)                                                                       \
-            for (int j = 0; j < 4; j++)                                                                             \
-                c[m][j] = m < mb ? load16(acc + m * NB + 16 * j) : (v16){0};                                        \
+            for (int j = 0; j < jv; j++)                                                                            \
+                c[m][j] = m < mb ? loadn(acc + m * NB + VW * j) : (vn){0};                                          \
         for (int k = k0; k < k1; k++) {                                                                             \
             const T *b = B + (size_t)k * ldb;                                                                       \
-            for (size_t line = 0; line < sizeof(T) * NB; line += 64) /* every cache line of a row ahead */          \
+            for (size_t line = 0; fetch && line < sizeof(T) * NB; line += 64) { /* every cache line of a row ahead */ \
                 if (mb <= 2)                                                                                        \
                     __builtin_prefetch((const char *)(b + PF_NEAR * ldb) + line, 0, 3);                             \
                 else                                                                                                \
                     __builtin_prefetch((const char *)(b + PF_FAR * ldb) + line, 0, 1);                              \
-            v16 b0 = LOAD(b), b1 = LOAD(b + 16), b2 = LOAD(b + 32), b3 = LOAD(b + 48);                              \
+            }                                                                                                       \
+            vn w[NB / VW];                                                                                          \
+            for (int j = 0; j < jv; j++)                                                                            \
+                w[j] = LOAD(b + VW * j);                                                                            \
             _Pragma("GCC unroll 10") for (int m = 0; m < MB_ONE_PASS; m++)                                          \
             {                                                                                                       \
                 if (m < mb) {                                                                                       \
-                    v16 a = splat(A + (size_t)m * lda + k);                                                          \
-                    c[m][0] += a * b0;                                                                              \
-                    c[m][1] += a * b1;                                                                              \
-                    c[m][2] += a * b2;                                                                              \
-                    c[m][3] += a * b3;                                                                              \
+                    vn a = splatn(A + (size_t)m * lda + k);                                                         \
+                    for (int j = 0; j < jv; j++)                                                                    \
+                        c[m][j] += a * w[j];                                                                        \
                 }                                                                                                   \
             }                                                                                                       \
         }                                                                                                           \
         for (int m = 0; m < mb; m++)                                                                                \
-            for (int j = 0; j < 4; j++)                                                                             \
-                store16(acc + m * NB + 16 * j, c[m][j]);                                                            \
+            for (int j = 0; j < jv; j++)                                                                            \
+                storen(acc + m * NB + VW * j, c[m][j]);                                                             \
     }                                                                                                               \
     static void NAME(int mb, int k0, int k1, const float *A, int lda, const T *B, size_t ldb, float *acc)          \
     { /* a copy per row count: each keeps exactly its accumulators in registers */                                  \
         switch (mb) {                                                                                               \
-        case 1: NAME##_rows(1, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 2: NAME##_rows(2, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 3: NAME##_rows(3, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 4: NAME##_rows(4, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 5: NAME##_rows(5, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 6: NAME##_rows(6, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 7: NAME##_rows(7, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 8: NAME##_rows(8, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        case 9: NAME##_rows(9, k0, k1, A, lda, B, ldb, acc); break;                                                 \
-        default: NAME##_rows(10, k0, k1, A, lda, B, ldb, acc);                                                      \
+        case 1: STRIPS(NAME, 1); break;                                                                             \
+        case 2: STRIPS(NAME, 2); break;                                                                             \
+        case 3: STRIPS(NAME, 3); break;                                                                             \
+        case 4: STRIPS(NAME, 4); break;                                                                             \
+        case 5: STRIPS(NAME, 5); break;                                                                             \
+        case 6: STRIPS(NAME, 6); break;                                                                             \
+        IF_TEN_ROWS(case 7: STRIPS(NAME, 7); break;)                                                                \
+        IF_TEN_ROWS(case 8: STRIPS(NAME, 8); break;)                                                                \
+        IF_TEN_ROWS(case 9: STRIPS(NAME, 9); break;)                                                                \
+        IF_TEN_ROWS(default: STRIPS(NAME, 10);)                                                                     \
         }                                                                                                           \
     }
-TILE(tile_f32, float, load16)
-TILE(tile_bf16, uint16_t, load16_bf16)
+/* the block's columns in strips of VW JV(mb), each over all of [k0, k1) */
+#define STRIPS(NAME, mb)                                                                                            \
+    for (int s = 0; s < NB; s += VW * JV(mb))                                                                       \
+    NAME##_rows(mb, JV(mb), s == 0, k0, k1, A, lda, B + s, ldb, acc + s)
+#if MB_ONE_PASS > 6
+#define IF_TEN_ROWS(...) __VA_ARGS__
+#else
+#define IF_TEN_ROWS(...)
+#endif
+TILE(tile_f32, float, loadn)
+TILE(tile_bf16, uint16_t, loadn_bf16)
 #if HAVE_F16
-TILE(tile_f16, uint16_t, load16_f16)
+TILE(tile_f16, uint16_t, loadn_f16)
 #endif
 
 static void finish(int M, int nw, float alpha, const float *acc, float beta, float *C, int ldc)
@@ -250,13 +284,15 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
  * each output element a dot product over k, 16 lanes then their sum, in a fixed order. */
 static float dot(const float *a, const float *b, int K)
 {
-    v16 s = {0};
+    vn s[16 / VW] = {{0}}; /* lane i of the 16 sums the terms k = i (mod 16), whatever the vector width */
     int k = 0;
     for (; k + 16 <= K; k += 16)
-        s += load16(a + k) * load16(b + k);
+        for (int j = 0; j < 16 / VW; j++)
+            s[j] += loadn(a + k + VW * j) * loadn(b + k + VW * j);
     float t = 0.0f;
-    for (int i = 0; i < 16; i++)
-        t += s[i];
+    for (int j = 0; j < 16 / VW; j++)
+        for (int i = 0; i < VW; i++)
+            t += s[j][i];
     for (; k < K; k++)
         t = __builtin_fmaf(a[k], b[k], t);
     return t;
