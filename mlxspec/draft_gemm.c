@@ -5,7 +5,8 @@
  * weights are int8 with one scale per output column, and each row of activations
  * is rounded to int8 in blocks of QB values, each block with its own scale (the
  * Q8_0 scheme of llama.cpp: a block's largest value maps to 127).  The products
- * are integer dot products (AVX-512 VNNI: 64 multiply-adds per instruction), so
+ * are integer dot products (AVX-512 VNNI: 64 multiply-adds per instruction; AVX2:
+ * 32 per four, see the AVX2 tile_rows), so
  * a draft step costs its weight bytes -- a quarter of float32 -- and little else.
  *
  * Weights arrive as unsigned bytes u = q + 128 (q in [-127, 127]) in column blocks
@@ -44,6 +45,13 @@
 #else
 #define HAVE_VNNI 0
 #endif
+#if !HAVE_VNNI && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2_I8 1 /* the same integer sums from VPMADDUBSW (see tile_rows below) */
+#else
+#define HAVE_AVX2_I8 0
+#endif
+#define HAVE_I8 (HAVE_VNNI || HAVE_AVX2_I8)
 #if HAVE_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -54,7 +62,7 @@
 #define AMX_MIN_ROWS 3 /* rows from which the AMX tiles take a product (fewer: the VNNI code streams as fast) */
 #define AMX_ROWS 16    /* rows per tile */
 
-int mlxspec_draft_gemm_available(void) { return HAVE_VNNI; }
+int mlxspec_draft_gemm_available(void) { return HAVE_I8; }
 
 /* Column block nb of a product for M (<= CHUNK) rounded rows (see mlxspec_draft_run) */
 typedef void (*mlxspec_draft_block_fn)(int nb, int M, int N, int K, const int8_t *qa, const float *ascale,
@@ -151,6 +159,96 @@ static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int
     default: tile_rows(6, K, qa, ascale, asum, w, acc);
     }
 }
+#elif HAVE_AVX2_I8
+#define MB2 2 /* rows per register tile: 8 integer accumulators of 8 columns (16 registers in all) */
+
+/* As the AVX-512 quantise_row, one value at a time: the same float multiply, the same rounding (to nearest,
+ * ties to even: the rounding mode VCVTPS2DQ uses), so the same bytes, scales and sums. */
+static void quantise_row(const float *x, int K, int8_t *q, float *scale, int32_t *sum)
+{
+    for (int b = 0; b < K / QB; b++) {
+        const float *v = x + b * QB;
+        float top = 0.0f;
+        for (int i = 0; i < QB; i++)
+            top = fmaxf(top, fabsf(v[i]));
+        float s = top > 0.0f ? 127.0f / top : 0.0f;
+        int32_t t = 0;
+        for (int i = 0; i < QB; i++) {
+            long r = lrintf(v[i] * s);
+            int8_t c = (int8_t)(r < -127 ? -127 : r > 127 ? 127 : r);
+            q[b * QB + i] = c;
+            t += c;
+        }
+        scale[b] = top / 127.0f;
+        sum[b] = t;
+    }
+}
+
+/* acc[m][0..8 jv) += the blocks' terms for rows m < mb of 8 jv columns of a column block (`w` at the strip's
+ * first column).  VPMADDUBSW multiplies unsigned by signed bytes and adds pairs with saturation, so the
+ * weights go in as signed q = u - 128 (u XOR 0x80) with the activation's sign moved onto them, times |a|:
+ * |a| |q| <= 127 x 127, so a pair never saturates, and the integer sum is the VNNI code's
+ * sum u a - 128 S exactly; the float steps are the same too, so the product is bit for bit the same. */
+static inline __attribute__((always_inline)) void tile_rows(int mb, int jv, int K, const int8_t *qa,
+                                                            const float *ascale, const uint8_t *w, float *acc)
+{
+    int blocks = K / QB;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < blocks; b++) {
+        __m256i c[MB2][8];
+        for (int m = 0; m < MB2; m++)
+            for (int j = 0; j < jv; j++)
+                c[m][j] = _mm256_setzero_si256();
+        for (int g = 0; g < QB / 4; g++) {
+            const uint8_t *p = w + ((size_t)b * (QB / 4) + g) * NB * 4;
+            __m256i q[8];
+            for (int j = 0; j < jv; j++)
+                q[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 32 * j)), flip);
+            _Pragma("GCC unroll 4") for (int m = 0; m < MB2; m++)
+            {
+                if (m < mb) {
+                    int32_t four;
+                    memcpy(&four, qa + (size_t)m * K + b * QB + g * 4, 4);
+                    __m256i a = _mm256_set1_epi32(four), abs_a = _mm256_abs_epi8(a);
+                    for (int j = 0; j < jv; j++) {
+                        __m256i pairs = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(q[j], a));
+                        c[m][j] = _mm256_add_epi32(c[m][j], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+        }
+        for (int m = 0; m < mb; m++) {
+            __m256 d = _mm256_set1_ps(ascale[(size_t)m * blocks + b]);
+            for (int j = 0; j < jv; j++) {
+                float *o = acc + m * NB + 8 * j;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[m][j]), d, _mm256_loadu_ps(o)));
+            }
+        }
+    }
+}
+
+/* the block's columns in strips of 8 jv, each over all of K (the later strips find the block in L2) */
+#define STRIPS(mb, jv)                                                                                              \
+    for (int s = 0; s < NB; s += 8 * (jv))                                                                          \
+    tile_rows(mb, jv, K, qa, ascale, w + 4 * s, acc + s)
+
+static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int32_t *asum, const uint8_t *w,
+                 float *acc)
+{ /* a copy per row count: each keeps exactly its accumulators in registers */
+    (void)asum; /* the sums of q, not u: no correction */
+    if (mb == 1)
+        STRIPS(1, 8);
+    else
+        STRIPS(2, 4);
+}
+#endif
+
+#if HAVE_I8
+#if HAVE_VNNI
+#define TILE_ROWS MB
+#else
+#define TILE_ROWS MB2
+#endif
 
 #if HAVE_AMX
 typedef struct {
@@ -223,8 +321,8 @@ static void column_block(int nb, int M, int N, int K, const int8_t *qa, const fl
     } else
 #endif
     if (nw == NB) {
-        for (int m0 = 0; m0 < M; m0 += MB) {
-            int mb = M - m0 < MB ? M - m0 : MB;
+        for (int m0 = 0; m0 < M; m0 += TILE_ROWS) {
+            int mb = M - m0 < TILE_ROWS ? M - m0 : TILE_ROWS;
             tile(mb, K, qa + (size_t)m0 * K, ascale + (size_t)m0 * blocks, asum + (size_t)m0 * blocks, w,
                  acc + m0 * NB);
         }

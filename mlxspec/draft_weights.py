@@ -1,6 +1,6 @@
 """The draft's weights rounded: 4-bit in groups of 32 inputs (draft_gemm4.c), or int8
 with one scale per output column (draft_gemm.c) -- a quarter or half the bytes of its
-16-bit weights, multiplied in integers (AVX-512 VNNI, AMX tiles for many rows).
+16-bit weights, multiplied in integers (AVX-512 VNNI, AMX tiles for many rows; AVX2 VPMADDUBSW).
 
 A draft step streams every draft weight once, so its time is mostly bytes: on this
 CPU the default draft's 16-bit products take ~26 ms of a ~36 ms step.

@@ -28,11 +28,11 @@ from test_sequence_distribution import OTHER_PARAMS, exact_sequence_probs, sampl
 # the rounded draft passes at p = 0.56 (0.75 at 1000)
 SAMPLES = 600
 
-# skipped only where the kernel cannot be built for int8 (no AVX-512 VNNI); a kernel that is
+# skipped only where the kernel cannot be built for int8 (neither AVX-512 VNNI nor AVX2); a kernel that is
 # built but computes wrongly fails here (works would keep it from ever being used)
 pytestmark = pytest.mark.skipif(not packed_weights.available()
                                 or not small_gemm.formats() & packed_weights.FORMAT_BIT["i8"],
-                                reason="no int8 kernel (needs AVX-512 VNNI)")
+                                reason="no int8 kernel (needs AVX-512 VNNI or AVX2)")
 
 
 def test_the_kernel_passes_its_own_check():
