@@ -184,62 +184,88 @@ static void quantise_row(const float *x, int K, int8_t *q, float *scale, int32_t
     }
 }
 
-/* acc[m][0..8 jv) += the blocks' terms for rows m < mb of 8 jv columns of a column block (`w` at the strip's
- * first column).  VPMADDUBSW multiplies unsigned by signed bytes and adds pairs with saturation, so the
- * weights go in as signed q = u - 128 (u XOR 0x80) with the activation's sign moved onto them, times |a|:
- * |a| |q| <= 127 x 127, so a pair never saturates, and the integer sum is the VNNI code's
- * sum u a - 128 S exactly; the float steps are the same too, so the product is bit for bit the same. */
-static inline __attribute__((always_inline)) void tile_rows(int mb, int jv, int K, const int8_t *qa,
-                                                            const float *ascale, const uint8_t *w, float *acc)
+/* The integer sums of a group of four inputs for 8 columns (`p`: their 32 bytes): VPMADDUBSW multiplies
+ * unsigned by signed bytes and adds pairs with saturation, so the weights go in as signed q = u - 128
+ * (u XOR 0x80) with the activation's sign moved onto them, times |a|: |a| |q| <= 127 x 127, so a pair never
+ * saturates, and the integer sum is the VNNI code's sum u a - 128 S exactly; the float steps are the same
+ * too, so the product is bit for bit the same. */
+#define DOT4(c, p, a, abs_a)                                                                                        \
+    c = _mm256_add_epi32(                                                                                           \
+        c, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(_mm256_xor_si256(                          \
+                                                      _mm256_loadu_si256((const __m256i *)(p)), flip), a)), ones)); \
+    __asm__ volatile("" : "+x"(c) : : "memory") /* in source order: GCC hoisted all eight loads, and with them \
+                                                  * in registers, kept four sums on the stack */
+/* the four inputs of row m of group g of block b in every lane, and their magnitudes */
+#define ROW_INPUTS(m, a, abs_a)                                                                                     \
+    int32_t four##m;                                                                                                \
+    memcpy(&four##m, qa + (size_t)(m) * K + b * QB + g * 4, 4);                                                    \
+    __m256i a = _mm256_set1_epi32(four##m), abs_a = _mm256_abs_epi8(a)
+/* acc[m][8 j..8 j+8) += sum t of a block, scaled by row m's block scale */
+#define ADD_BLOCK(m, j, t)                                                                                          \
+    _mm256_storeu_ps(acc + (m) * NB + 8 * (j), _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), d##m,                         \
+                                                             _mm256_loadu_ps(acc + (m) * NB + 8 * (j))))
+
+/* acc[0][0..64) += the blocks' terms for one row and a whole column block: eight named accumulators (an
+ * array of them was kept in memory, each sum stored and loaded again every group) */
+static void tile_one_row(int K, const int8_t *qa, const float *ascale, const uint8_t *w, float *acc)
 {
-    int blocks = K / QB;
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    for (int b = 0; b < blocks; b++) {
-        __m256i c[MB2][8];
-        for (int m = 0; m < MB2; m++)
-            for (int j = 0; j < jv; j++)
-                c[m][j] = _mm256_setzero_si256();
+    for (int b = 0; b < K / QB; b++) {
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
         for (int g = 0; g < QB / 4; g++) {
             const uint8_t *p = w + ((size_t)b * (QB / 4) + g) * NB * 4;
-            __m256i q[8];
-            for (int j = 0; j < jv; j++)
-                q[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 32 * j)), flip);
-            _Pragma("GCC unroll 4") for (int m = 0; m < MB2; m++)
-            {
-                if (m < mb) {
-                    int32_t four;
-                    memcpy(&four, qa + (size_t)m * K + b * QB + g * 4, 4);
-                    __m256i a = _mm256_set1_epi32(four), abs_a = _mm256_abs_epi8(a);
-                    for (int j = 0; j < jv; j++) {
-                        __m256i pairs = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(q[j], a));
-                        c[m][j] = _mm256_add_epi32(c[m][j], _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-            }
+            ROW_INPUTS(0, a, abs_a);
+            DOT4(c0, p, a, abs_a);
+            DOT4(c1, p + 32, a, abs_a);
+            DOT4(c2, p + 64, a, abs_a);
+            DOT4(c3, p + 96, a, abs_a);
+            DOT4(c4, p + 128, a, abs_a);
+            DOT4(c5, p + 160, a, abs_a);
+            DOT4(c6, p + 192, a, abs_a);
+            DOT4(c7, p + 224, a, abs_a);
         }
-        for (int m = 0; m < mb; m++) {
-            __m256 d = _mm256_set1_ps(ascale[(size_t)m * blocks + b]);
-            for (int j = 0; j < jv; j++) {
-                float *o = acc + m * NB + 8 * j;
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[m][j]), d, _mm256_loadu_ps(o)));
-            }
-        }
+        __m256 d0 = _mm256_set1_ps(ascale[b]);
+        ADD_BLOCK(0, 0, c0), ADD_BLOCK(0, 1, c1), ADD_BLOCK(0, 2, c2), ADD_BLOCK(0, 3, c3);
+        ADD_BLOCK(0, 4, c4), ADD_BLOCK(0, 5, c5), ADD_BLOCK(0, 6, c6), ADD_BLOCK(0, 7, c7);
     }
 }
 
-/* the block's columns in strips of 8 jv, each over all of K (the later strips find the block in L2) */
-#define STRIPS(mb, jv)                                                                                              \
-    for (int s = 0; s < NB; s += 8 * (jv))                                                                          \
-    tile_rows(mb, jv, K, qa, ascale, w + 4 * s, acc + s)
+/* acc[0..2][0..32) += the blocks' terms for two rows and 32 columns of a block (`w` at the strip's first
+ * column): eight named accumulators */
+static void tile_two_rows(int K, const int8_t *qa, const float *ascale, const uint8_t *w, float *acc)
+{
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    int blocks = K / QB;
+    for (int b = 0; b < blocks; b++) {
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
+        for (int g = 0; g < QB / 4; g++) {
+            const uint8_t *p = w + ((size_t)b * (QB / 4) + g) * NB * 4;
+            ROW_INPUTS(0, a, abs_a);
+            ROW_INPUTS(1, x, abs_x);
+            DOT4(c0, p, a, abs_a);
+            DOT4(e0, p, x, abs_x);
+            DOT4(c1, p + 32, a, abs_a);
+            DOT4(e1, p + 32, x, abs_x);
+            DOT4(c2, p + 64, a, abs_a);
+            DOT4(e2, p + 64, x, abs_x);
+            DOT4(c3, p + 96, a, abs_a);
+            DOT4(e3, p + 96, x, abs_x);
+        }
+        __m256 d0 = _mm256_set1_ps(ascale[b]), d1 = _mm256_set1_ps(ascale[(size_t)blocks + b]);
+        ADD_BLOCK(0, 0, c0), ADD_BLOCK(0, 1, c1), ADD_BLOCK(0, 2, c2), ADD_BLOCK(0, 3, c3);
+        ADD_BLOCK(1, 0, e0), ADD_BLOCK(1, 1, e1), ADD_BLOCK(1, 2, e2), ADD_BLOCK(1, 3, e3);
+    }
+}
 
 static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int32_t *asum, const uint8_t *w,
                  float *acc)
-{ /* a copy per row count: each keeps exactly its accumulators in registers */
+{
     (void)asum; /* the sums of q, not u: no correction */
     if (mb == 1)
-        STRIPS(1, 8);
+        tile_one_row(K, qa, ascale, w, acc);
     else
-        STRIPS(2, 4);
+        for (int s = 0; s < NB; s += 32) /* two strips of 32 columns, the second finds the block in L2 */
+            tile_two_rows(K, qa, ascale, w + 4 * s, acc + s);
 }
 #endif
 
