@@ -169,8 +169,15 @@ static void quantise_row(const float *x, int K, int8_t *q, float *scale, int32_t
     for (int b = 0; b < K / QB; b++) {
         const float *v = x + b * QB;
         float top = 0.0f;
-        for (int i = 0; i < QB; i++)
-            top = fmaxf(top, fabsf(v[i]));
+        int nan = 0;
+        for (int i = 0; i < QB; i++) {
+            float m = fabsf(v[i]);
+            nan |= m != m;
+            top = m > top ? m : top;
+        }
+        if (nan) /* a NaN makes the block's scale NaN, so the product is NaN and the draft's NaN check speaks
+                  * (fmaxf drops a NaN: the product was finite nonsense) */
+            top = NAN;
         float s = top > 0.0f ? 127.0f / top : 0.0f;
         int32_t t = 0;
         for (int i = 0; i < QB; i++) {
