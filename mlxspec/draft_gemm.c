@@ -6,7 +6,7 @@
  * is rounded to int8 in blocks of QB values, each block with its own scale (the
  * Q8_0 scheme of llama.cpp: a block's largest value maps to 127).  The products
  * are integer dot products (AVX-512 VNNI: 64 multiply-adds per instruction; AVX2:
- * 32 per four, see the AVX2 tile_rows), so
+ * 32 per four, see DOT4), so
  * a draft step costs its weight bytes -- a quarter of float32 -- and little else.
  *
  * Weights arrive as unsigned bytes u = q + 128 (q in [-127, 127]) in column blocks
@@ -47,7 +47,7 @@
 #endif
 #if !HAVE_VNNI && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#define HAVE_AVX2_I8 1 /* the same integer sums from VPMADDUBSW (see tile_rows below) */
+#define HAVE_AVX2_I8 1 /* the same integer sums from VPMADDUBSW (see DOT4 below) */
 #else
 #define HAVE_AVX2_I8 0
 #endif
@@ -160,7 +160,7 @@ static void tile(int mb, int K, const int8_t *qa, const float *ascale, const int
     }
 }
 #elif HAVE_AVX2_I8
-#define MB2 2 /* rows per register tile: 8 integer accumulators of 8 columns (16 registers in all) */
+#define MB2 2 /* rows per register tile: 8 integer accumulators of 8 columns (tile_one_row, tile_two_rows) */
 
 /* As the AVX-512 quantise_row, one value at a time: the same float multiply, the same rounding (to nearest,
  * ties to even: the rounding mode VCVTPS2DQ uses), so the same bytes, scales and sums. */
