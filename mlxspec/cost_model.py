@@ -50,10 +50,15 @@ from pathlib import Path
 from .machine_load import Watch, limit
 from .monotone_costs import as_used
 
-FORMAT = 6  # 6: passes up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards
-# by width; 4: plain and draft steps timed SAMPLES times per repeat
-WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)  # verify widths measured; others are interpolated linearly
-DRAFT_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft forward widths measured (a tree level: at most MAX_BRANCH x a level)
+FORMAT = 7  # 7: every verify width up to TIMED_UP_TO timed; 6: passes up to SAMPLED_WIDTH timed SAMPLES times per
+# repeat, round-robin; 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
+TIMED_UP_TO = 17  # every verify width up to here is timed, none interpolated: the small kernel (small_gemm.c) runs
+# a pass in register tiles of at most 6 rows on AVX2 (10 on AVX-512), so its cost climbs in steps, not a line
+# (AVX2 EPYC: 6 / 7 positions 1.86 / 2.44 plain steps, 12 / 13 2.73 / 3.52); timed at 1, 2, 3, 4, 6, 8, 12 and 16
+# and interpolated, 7 and 13 were priced 2.14 and 2.96, and token trees grew to 13 positions where 12 cost less
+WIDTHS = tuple(range(1, TIMED_UP_TO + 1)) + (24, 32)  # verify widths measured; wider ones are interpolated linearly
+DRAFT_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)  # draft forward widths measured (a tree level: at most MAX_BRANCH
+# x a level; 5 and 7 for the same steps when the draft's products are the float16 kernel's)
 ASSUMED_VERIFY_SLOPE = 0.1  # before calibration: +10 % per extra verified position (OpenBLAS, Metal)
 REPEATS = 3  # timed repeats after one warm-up pass; the median counts (a minimum is a lucky pass)
 SAMPLES = 3  # timings per repeat of a plain step and of the draft: every cost is relative to the one and

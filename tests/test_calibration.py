@@ -168,3 +168,20 @@ def test_a_calibration_from_the_older_format_is_measured_again(tiny_pair, calib_
     again = make_decoder(tiny_pair).policy.cost
     assert again.source == "measured" and "measuring again" in capsys.readouterr().err
     assert first.verify[0] == again.verify[0] == 1.0
+
+
+def test_every_width_a_tree_commonly_verifies_is_timed_not_interpolated():
+    """The small kernel runs a pass in register tiles of at most 6 rows on AVX2, so a pass's
+    cost climbs in steps (an AVX2 EPYC: 6 / 7 positions 1.86 / 2.44 plain steps, 12 / 13
+    2.73 / 3.52).  Timed at 1, 2, 3, 4, 6, 8, 12 and 16 and interpolated, 7 and 13 were priced
+    2.14 and 2.96, and token trees grew to 13 positions where 12 cost 0.8 plain steps less."""
+
+    def steps(w):  # a pass over w positions, in plain steps: 0.9 more for each tile of 6 rows
+        return 1.0 + 0.9 * ((w - 1) // 6) + 0.02 * (w - 1)
+
+    times = {w: [0.1 * steps(w)] * 3 for w in cost_model.WIDTHS}
+    times["draft"] = [0.03] * 3
+    cm = cost_model.from_times(times)
+    for w in range(1, cost_model.TIMED_UP_TO + 1):
+        assert cm.verify_width(w) == pytest.approx(steps(w), abs=0.01), w
+    assert cost_model.TIMED_UP_TO >= 17  # a 16-node tree and its pending token
