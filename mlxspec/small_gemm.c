@@ -59,10 +59,13 @@
 #ifdef __AVX512F__ /* 32 registers of 16 floats */
 #define MB_ONE_PASS 10 /* most rows per register tile (40 accumulators: a few spill; 12 rows' too many); more: even passes */
 #define JV(mb) 4       /* vectors per row in a register tile: the whole 64-column block */
+#define EVEN_PASSES 1  /* 13 rows: 6 + 7 */
 #else /* AVX2 (16 registers of 8 floats): 8-12 accumulators, as BLIS's Haswell tile (6 x 16); the AVX-512 tile,
        * split in two registers per vector, ran 5 rows in 4.4 times one row's time (1.8 times now) */
 #define MB_ONE_PASS 6  /* rows per register tile */
 #define JV(mb) ((mb) == 1 ? 8 : (mb) <= 3 ? 4 : 2) /* strips of 64, 32 or 16 columns, each over the same rows */
+#define EVEN_PASSES 0  /* 13 rows: 1 + 6 + 6; full 6-row tiles do the most per weight loaded (kernel_ab against even
+                        * passes, 4 + 4 + 5: 1.21x; 7 rows as 1 + 6, not 3 + 4: 1.14x) */
 #endif
 #define PF_NEAR 16     /* weight rows ahead that a step prefetches into L1, for 1-2 rows (the streamer alone falls behind) */
 #define PF_FAR 256     /* ... into L2, for 3+ rows: the next pass's rows arrive while these are multiplied (1.12-1.27x) */
@@ -262,11 +265,11 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            /* even passes, the smaller first (13 rows: 4 + 4 + 5; AVX2's 3-row tile spills one accumulator, which
-             * only a pass streaming the weights from memory hides, so it comes first or alone) */
+            /* the smaller pass first (AVX2's 3-row tile spills one accumulator, which only a pass streaming the
+             * weights from memory hides, so it comes first or alone), then even passes or full tiles (EVEN_PASSES) */
             int passes = (M + MB_ONE_PASS - 1) / MB_ONE_PASS;
             for (int p = 0, m0 = 0, mb; p < passes; p++, m0 += mb) {
-                mb = (M - m0) / (passes - p);
+                mb = EVEN_PASSES ? (M - m0) / (passes - p) : p == 0 ? M - MB_ONE_PASS * (passes - 1) : MB_ONE_PASS;
                 const float *a = A + (size_t)m0 * lda;
                 if (fmt == F32)
                     tile_f32(mb, k0, k1, a, lda, (const float *)B + start, stride, acc + m0 * NB);

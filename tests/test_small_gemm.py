@@ -75,7 +75,7 @@ def test_each_row_is_computed_as_it_would_be_alone(k, n, transposed):
     x = mx.array(rand(32, k, seed=4))
     w = mx.array(rand(n, k, seed=5)).T if transposed else mx.array(rand(k, n, seed=5))
     alone = np.concatenate([np.array(x[i:i + 1] @ w) for i in range(32)])
-    for m in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 16, 20, 32):  # every register tile (1-10 rows) and even passes
+    for m in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 20, 32):  # every register tile (1-10 rows), every split
         together = np.array(x[:m] @ w)
         assert np.array_equal(together, alone[:m]), f"{m} rows together differ from each row alone"
 
