@@ -50,8 +50,9 @@ from pathlib import Path
 from .machine_load import Watch, limit
 from .monotone_costs import as_used
 
-FORMAT = 7  # 7: every verify width up to TIMED_UP_TO timed; 6: passes up to SAMPLED_WIDTH timed SAMPLES times per
-# repeat, round-robin; 5: the draft's forwards by width; 4: plain and draft steps timed SAMPLES times per repeat
+FORMAT = 7  # 7: every verify width up to TIMED_UP_TO timed, wide ones WIDE_SAMPLES times per repeat; 6: passes
+# up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards by width; 4: plain and
+# draft steps timed SAMPLES times per repeat
 TIMED_UP_TO = 17  # every verify width up to here is timed, none interpolated: the small kernel (small_gemm.c) runs
 # a pass in register tiles of at most 6 rows on AVX2 (10 on AVX-512), so its cost climbs in steps, not a line
 # (AVX2 EPYC: 6 / 7 positions 1.86 / 2.44 plain steps, 12 / 13 2.73 / 3.52); timed at 1, 2, 3, 4, 6, 8, 12 and 16
@@ -66,6 +67,8 @@ SAMPLES = 3  # timings per repeat of a plain step and of the draft: every cost i
 SAMPLED_WIDTH = 8  # verify passes up to this width are timed SAMPLES times per repeat too: the median of three
 # single timings priced a pass over 2 positions at 1.05-1.13 plain steps in runs minutes apart (in the loop: 1.04),
 # and whether a sibling pays turns on the step from 2 to 3 positions (1.04 -> 1.20); wider passes are dearer and rarer
+WIDE_SAMPLES = 2  # ... and wider ones this many times: once per repeat, an AVX2 EPYC priced passes over 9 to 13
+# positions at 3.03, 2.83, 3.19, 3.44 and 3.11 plain steps (a spell of load only ever makes a pass slower)
 PAD_MIN_SAVING = 0.05  # pad a pass to a wider width only if that saves this much of a plain step (not noise)
 
 
@@ -278,9 +281,9 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     # machine weighs on all of them alike (timing one width several times in a row
     # priced a 2-position draft forward at 1.00-1.14 of one position in runs minutes apart)
     for rep in range(repeats + 1):
-        for sweep in range(SAMPLES):
+        for sweep in range(SAMPLES if rep else 1):  # the warm-up makes every call once
             for w in widths:
-                if sweep == 0 or w <= SAMPLED_WIDTH:
+                if w <= SAMPLED_WIDTH or sweep < WIDE_SAMPLES:
                     timed(w, lambda: timed_forward(target, w), keep=rep > 0)
             if k_draft:
                 timed("draft", draft_once, per=k_draft, keep=rep > 0)

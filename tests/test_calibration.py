@@ -114,7 +114,7 @@ def test_the_plain_step_the_draft_step_and_narrow_passes_are_timed_several_times
     cost_model.calibrate(tiny_pair.target, dec.drafter, 64, widths=(1, 2, 4, 12))
     assert seen[1] >= 3 * cost_model.REPEATS and seen["draft"] >= 3 * cost_model.REPEATS
     assert seen[1] == seen["draft"] == seen[2] == seen[4] == cost_model.REPEATS * cost_model.SAMPLES
-    assert seen[12] == cost_model.REPEATS
+    assert seen[12] == cost_model.REPEATS * cost_model.WIDE_SAMPLES
 
 
 def test_the_widths_are_timed_round_robin(tiny_pair, monkeypatch):
@@ -132,10 +132,10 @@ def test_the_widths_are_timed_round_robin(tiny_pair, monkeypatch):
     monkeypatch.setattr(ModelState, "forward", spy)
     cost_model.calibrate(tiny_pair.target, drafter, 64, widths=(1, 2, 4, 16))
     target = [w for is_target, w in order if is_target and w in (1, 2, 4, 16)]
-    sweep = [1, 2, 4, 16] + [1, 2, 4] * (cost_model.SAMPLES - 1)
-    assert target == sweep * (cost_model.REPEATS + 1)
+    sweep = [1, 2, 4, 16] * cost_model.WIDE_SAMPLES + [1, 2, 4] * (cost_model.SAMPLES - cost_model.WIDE_SAMPLES)
+    assert target == [1, 2, 4, 16] + sweep * cost_model.REPEATS  # a warm-up makes every call once
     draft = [w for is_target, w in order if not is_target and w in (2, 3, 16)]  # the draft's forwards by width
-    assert draft[:3] == [2, 3, 16] and draft.count(16) == cost_model.SAMPLES * (cost_model.REPEATS + 1)
+    assert draft[:3] == [2, 3, 16] and draft.count(16) == cost_model.SAMPLES * cost_model.REPEATS + 1
 
 
 def test_the_drafts_forwards_are_priced_by_their_own_width_curve(tiny_pair, calib_dir):
