@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlxspec  # noqa: E402  (preloads OpenBLAS before mlx.core)
 import mlx.core as mx  # noqa: E402
 
-from mlxspec import cost_model, draft_length  # noqa: E402
+from mlxspec import calibration_cache, draft_length  # noqa: E402
 from mlxspec.api import make_drafter  # noqa: E402
 from mlxspec.bench import encode, load_suite, select_prompts  # noqa: E402
 from mlxspec.cost_model import CostModel  # noqa: E402
@@ -126,7 +126,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     pair = mlxspec.load(a.model, a.draft)
     drafter = make_drafter(pair, "model")
-    cm = cost_model.for_decoder(pair, drafter)
+    cm = calibration_cache.for_decoder(pair, drafter)
     prompts = select_prompts([load_suite(s) for s in a.suite.split(",")], a.prompts)
     rows = {}
     print(f"{pair.describe()}; cost model: {cm.describe()}; {a.max_tokens} tokens, greedy, cap {CAP}")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import mlxspec
-from mlxspec import cost_model
+from mlxspec import calibration_cache, cost_model
 from mlxspec.api import make_decoder, make_drafter
 from mlxspec.bench import encode, load_suite, select_prompts
 from mlxspec.sampling import SamplingParams
@@ -52,7 +52,7 @@ def main(argv=None):
             for s in sizes}
     for s in sizes:  # warm-up and the calibration (its own warm-up, interleaved widths, minimum of repeats)
         d = make_drafter(pair, "model", 0.0, s)
-        rows[s]["draft_step"].append(cost_model.for_decoder(pair, d, refresh=True).draft_step)
+        rows[s]["draft_step"].append(calibration_cache.for_decoder(pair, d, refresh=True).draft_step)
     plain = {i: run(pair, x, "none", 0, None, a.max_tokens)[0] for i, x in enumerate(ids)}
     for rep in range(a.repeats):
         order = sizes[rep % len(sizes):] + sizes[: rep % len(sizes)]
@@ -68,7 +68,7 @@ def main(argv=None):
                 r["tps"].append(st.generation_tps)
         for s in sizes:
             d = make_drafter(pair, "model", 0.0, s)
-            rows[s]["draft_step"].append(cost_model.calibrate(pair.target, d, cost_model._vocab_rows(pair)).draft_step)
+            rows[s]["draft_step"].append(cost_model.calibrate(pair.target, d, calibration_cache._vocab_rows(pair)).draft_step)
     print(f"{pair.describe()}; k={a.k}; {len(ids)} prompts x {a.repeats} repeats x {a.max_tokens} tokens, greedy")
     print("| N | draft step (plain steps) | acceptance | tokens/pass | tok/s (median) |")
     print("|---|---|---|---|---|")

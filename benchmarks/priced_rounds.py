@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import cache, cost_model, monotone_costs, tree_attention  # noqa: E402
+from mlxspec import cache, calibration_cache, monotone_costs, tree_attention  # noqa: E402
 from mlxspec.api import encode_prompt, make_decoder, stream_generate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,10 +86,10 @@ def priced(decoder, log, cm=None) -> tuple[float, float]:
 
 
 def cost_file(path: Path):
-    """The cost model in a calibration file of any format (cost_model.read), as the rules use
-    it (monotone_costs.as_used, as cost_model.for_decoder returns it), or a one-line exit."""
+    """The cost model in a calibration file of any format (calibration_cache.read), as the rules use
+    it (monotone_costs.as_used, as calibration_cache.for_decoder returns it), or a one-line exit."""
     try:
-        return monotone_costs.as_used(cost_model.read(path, fmt=None))
+        return monotone_costs.as_used(calibration_cache.read(path, fmt=None))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"{path}: not a calibration file ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
 

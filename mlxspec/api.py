@@ -161,7 +161,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
     the pair's calibrated cost model (cost_model.py; measured once and cached), up
     to `num_draft_max` tokens, and falls back to plain decoding when drafting is
     predicted not to pay.  `cost`: a CostModel to use instead of the calibrated one."""
-    from . import cost_model
+    from . import calibration_cache, cost_model
     from .draft_length import DEFAULT_MAX_K, PerToken
 
     check_all(num_draft=num_draft, num_draft_max=num_draft_max)  # Session's settings too
@@ -172,7 +172,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
         if cap <= 0:
             return FixedK(0)  # --num-draft-max 0: plain decoding
         if cost is None:
-            cost = (cost_model.for_decoder(pair, drafter) if pair is not None
+            cost = (calibration_cache.for_decoder(pair, drafter) if pair is not None
                     else cost_model.assumed(drafter.relative_cost))
         from .recurrent import has_recurrent
 

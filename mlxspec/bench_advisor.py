@@ -110,10 +110,10 @@ def advise(pair, prompts: list[Prompt], *, temp: float = 0.0, max_tokens: int = 
                            "pass --draft MODEL (or a pair folder)")
     t0 = time.perf_counter()
     if cost is None:
-        from . import cost_model
+        from . import calibration_cache
         from .api import make_drafter
 
-        cost = cost_model.for_decoder(pair, make_drafter(pair, "model"), say=echo)
+        cost = calibration_cache.for_decoder(pair, make_drafter(pair, "model"), say=echo)
     contender = MlxspecContender(f"mlxspec model k={max_k}", "model", max_k)
     from .api import encode_prompt
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .cost_model import cache_key, calibration_dir, for_decoder
+from .calibration_cache import cache_key, calibration_dir, for_decoder
 from .machine_load import describe, too_busy
 
 

@@ -25,11 +25,12 @@ The draft-length policy (draft_length.py) decides from these numbers and the
 acceptance it observes -- never from wall-clock timings taken in the hot path,
 which on a shared machine are noise (and would make seeded runs irreproducible).
 
-`calibrate` measures them once in a few seconds (after a warm-up, in sweeps that
+`calibrate` measures them once in a minute or two (after a warm-up, in sweeps that
 time every width once, round-robin; the median over repeats, with several sweeps
 per repeat for the plain step, the draft step and passes up to SAMPLED_WIDTH
-positions, which everything is relative to or turns on) and `for_decoder`
-caches the result under the mlxspec home, keyed by machine, backend and pair, so
+positions, which everything is relative to or turns on, and two for wider ones) and
+`calibration_cache.for_decoder` caches the result under the mlxspec home, keyed by
+machine, backend and pair, so
 `generate`, `chat`, `Session` and `bench` reuse it; `mlxspec calibrate`
 re-measures and prints it.  Figures are rounded to two decimals so that a
 re-measurement that differs only by noise leaves seeded output unchanged.
@@ -37,18 +38,9 @@ re-measurement that differs only by noise leaves seeded output unchanged.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
-import sys
 import time
 from statistics import median
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-
-from .machine_load import Watch, limit
-from .monotone_costs import as_used
 
 FORMAT = 7  # 7: every verify width up to TIMED_UP_TO timed, wide ones WIDE_SAMPLES times per repeat; 6: passes
 # up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards by width; 4: plain and
@@ -324,143 +316,3 @@ def from_times(times: dict, relative_cost: float = 0.0) -> CostModel:
         draft_widths = [round(v, 2) for v in _fill({w: t / drafts[1] for w, t in drafts.items()}, max(drafts))]
         draft_widths[0] = 1.0
     return CostModel(round(draft, 2), verify, plain, "measured", draft_widths)
-
-
-# -- the cache ------------------------------------------------------------------
-
-def calibration_dir() -> Path:
-    env = os.environ.get("MLXSPEC_CALIBRATION_DIR")
-    if env:
-        return Path(env).expanduser()
-    from .paths import cache_dir
-
-    return cache_dir() / "calibration"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _model_identity(path) -> dict | None:
-    """What identifies a model folder's weights: its path, config and file sizes."""
-    if path is None:
-        return None
-    p = Path(path)
-    try:
-        files = sorted((f.name, f.stat().st_size) for f in p.glob("*.safetensors"))
-        config = hashlib.sha256((p / "config.json").read_bytes()).hexdigest()[:16]
-    except OSError:
-        return None
-    return {"path": str(p.resolve()), "config": config, "weights": files}
-
-
-def cache_key(pair, drafter) -> str | None:
-    """A key for this machine + backend + pair + drafter; None when the models have
-    no folder to identify them (built in memory): those are not cached."""
-    from .backend import describe
-    from .blas_layout import layout
-    from .compiled_forward import wanted as compiled_wanted
-    from .fused_projections import wanted as fused_wanted
-    from .lean_ops import applied
-    from .small_gemm import build_id
-
-    target = _model_identity(getattr(pair, "target_path", None))
-    if target is None:
-        return None
-    draft = None
-    if getattr(drafter, "uses_draft_model", False):
-        draft = _model_identity(getattr(pair, "draft_path", None))
-        if draft is None:
-            return None
-    ident = {"format": FORMAT, "backend": describe(), "cpu": _cpu_name(), "cores": os.cpu_count(),
-             "machine": platform.machine(), "kernel": build_id(), "target": target, "draft": draft,
-             "drafter": getattr(drafter, "cost_key", drafter.name),
-             "layout": [layout(getattr(pair, "target", None)),  # blas_layout.py
-                        layout(getattr(pair, "draft", None)) if draft else None],
-             "lean": [applied(getattr(pair, "target", None)),  # lean_ops.py
-                      applied(getattr(pair, "draft", None)) if draft else None],
-             "compiled_draft": compiled_wanted() if draft else None,  # compiled_forward.py
-             "fused": fused_wanted()}  # fused_projections.py
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def read(path: Path, fmt: int | None = FORMAT) -> CostModel:
-    """The cost model in a calibration file (OSError, ValueError, KeyError or TypeError
-    when it is not one; of format `fmt`, or of any with None)."""
-    d = json.loads(path.read_text())
-    if fmt is not None and d.get("format") != fmt:
-        raise ValueError(f"format {d.get('format')!r}")
-    cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached",
-                   [float(x) for x in d.get("draft_widths", [])])
-    if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0 and all(v > 0 for v in cm.verify)):
-        raise ValueError("values out of range")
-    return cm
-
-
-def load_cached(key: str, warn=None) -> CostModel | None:
-    path = calibration_dir() / f"{key}.json"
-    if not path.exists():
-        return None
-    try:
-        return read(path)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        if warn is not None:
-            warn(f"note: ignoring the calibration file {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); measuring again")
-        return None
-
-
-def save(key: str, cm: CostModel) -> None:
-    folder = calibration_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, **cm.to_dict()}, indent=1))
-    os.replace(tmp, folder / f"{key}.json")
-
-
-def _vocab_rows(pair) -> int:
-    """Ids every model of the pair can embed (the synthetic context must stay inside both tables)."""
-    if getattr(pair, "vocab_size", None):
-        return int(pair.vocab_size)
-    cfg = getattr(pair, "target_config", None) or {}
-    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size") or 1000)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostModel:
-    """The cached cost model for (pair, drafter), measured now when there is none
-    (or `refresh`).  Without a draft model (prompt lookup) only the verify passes
-    are measured; the drafter's own `relative_cost` stands for its step.  Returned as
-    the rules use it: with the small-batch kernel the verify curve never falls
-    (monotone_costs.py); the cache keeps the figures as measured."""
-    key = cache_key(pair, drafter)
-    cm = None if (refresh or key is None) else load_cached(key, warn=say)
-    if cm is not None:
-        return as_used(cm)
-    limit()  # a bad MLXSPEC_BUSY_CORES is refused before the measuring, not after it
-    vocab = _vocab_rows(pair)
-    if key is not None and say is not None:
-        say("calibrating the draft and verify costs on this machine (once per pair; `mlxspec calibrate` to redo)")
-    with Watch() as watch:
-        cm = calibrate(pair.target, drafter, vocab)
-    cm.busy = watch.others
-    if watch.busy():  # its prices are off: used for this run only (machine_load.py)
-        if say is not None:
-            say(f"note: {watch.describe()} while calibrating: these costs are not cached and will be "
-                "measured again next time (or run `mlxspec calibrate` when the machine is idle)")
-        return as_used(cm)
-    if key is not None:
-        try:
-            save(key, cm)
-        except OSError as e:
-            if say is not None:
-                say(f"note: could not save the calibration ({e}); it will be measured again next time")
-    return as_used(cm)  # the file keeps the figures as measured

@@ -10,7 +10,7 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec import blas_layout, cost_model, packed_weights
+from mlxspec import blas_layout, calibration_cache, packed_weights
 from mlxspec.blas_layout import TransposedLinear
 from mlxspec.drafters import ModelDrafter
 from mlxspec.vocab_subset import SubsetHead
@@ -100,8 +100,8 @@ def test_loading_lays_out_the_models(tiny_pair):
 def test_a_calibration_belongs_to_one_layout(tiny_pair_dirs):
     pair = mlxspec.load(*tiny_pair_dirs)
     drafter = ModelDrafter(pair.draft)
-    key = cost_model.cache_key(pair, drafter)
+    key = calibration_cache.cache_key(pair, drafter)
     stock = mlxspec.load(*tiny_pair_dirs)
     stock.target = tiny_models.build(tiny_models.config_for("qwen2"), seed=0, scale=3.0)  # mlx-lm's layout
     assert blas_layout.layout(stock.target) == "mlx"
-    assert key is not None and cost_model.cache_key(stock, drafter) != key
+    assert key is not None and calibration_cache.cache_key(stock, drafter) != key

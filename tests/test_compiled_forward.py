@@ -143,13 +143,13 @@ def test_the_draft_of_a_loaded_pair_is_compiled_and_output_equals_plain(tmp_path
 
 
 def test_a_calibration_belongs_to_compiled_or_uncompiled_draft_steps(tiny_pair_dirs, monkeypatch):
-    from mlxspec import cost_model
+    from mlxspec import calibration_cache
     from mlxspec.drafters import ModelDrafter
 
     pair = mlxspec.load(*tiny_pair_dirs)
-    key = cost_model.cache_key(pair, ModelDrafter(pair.draft))
+    key = calibration_cache.cache_key(pair, ModelDrafter(pair.draft))
     monkeypatch.setenv(compiled_forward.ENV, "0")
-    assert key is not None and cost_model.cache_key(pair, ModelDrafter(pair.draft)) != key
+    assert key is not None and calibration_cache.cache_key(pair, ModelDrafter(pair.draft)) != key
 
 
 def test_a_growing_cache_keeps_the_functions_of_its_last_capacities_only(monkeypatch):

@@ -130,10 +130,10 @@ def test_turned_off_by_environment(tmp_path):
 
 
 def test_a_calibration_belongs_to_fused_or_separate_projections(tmp_path, monkeypatch):
-    from mlxspec import cost_model
+    from mlxspec import calibration_cache
     from mlxspec.drafters import ModelDrafter
 
     pair = _loaded(tmp_path, monkeypatch, "qwen2", True)
-    key = cost_model.cache_key(pair, ModelDrafter(pair.draft))
+    key = calibration_cache.cache_key(pair, ModelDrafter(pair.draft))
     monkeypatch.setenv(fused_projections.ENV, "0")
-    assert key is not None and cost_model.cache_key(pair, ModelDrafter(pair.draft)) != key
+    assert key is not None and calibration_cache.cache_key(pair, ModelDrafter(pair.draft)) != key

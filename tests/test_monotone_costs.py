@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mlxspec import cost_model, small_gemm
+from mlxspec import calibration_cache, small_gemm
 from mlxspec.cost_model import CostModel
 from mlxspec.drafters import ModelDrafter
 from mlxspec.monotone_costs import as_used, isotonic, monotone
@@ -90,14 +90,14 @@ def test_for_decoder_decides_by_the_monotone_curve_and_the_cache_keeps_the_measu
     drafter = SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)
     old = small_gemm.set_enabled(True)
     try:
-        key = cost_model.cache_key(smollm2_pair, drafter)
-        cost_model.save(key, CostModel(0.26, list(EPYC), 0.0917, "measured"))
-        used = cost_model.for_decoder(smollm2_pair, drafter, say=None)
+        key = calibration_cache.cache_key(smollm2_pair, drafter)
+        calibration_cache.save(key, CostModel(0.26, list(EPYC), 0.0917, "measured"))
+        used = calibration_cache.for_decoder(smollm2_pair, drafter, say=None)
         assert used.verify[:4] == pytest.approx([1.0, 1.04, 1.04, 1.19]) and used.pad_width(2) == 2
-        assert cost_model.load_cached(key).verify == EPYC  # the file as measured
+        assert calibration_cache.load_cached(key).verify == EPYC  # the file as measured
         small_gemm.set_enabled(False)  # calibrations are keyed by the kernel's state (backend.describe)
-        cost_model.save(cost_model.cache_key(smollm2_pair, drafter), CostModel(0.26, list(EPYC), 0.0917, "measured"))
-        raw = cost_model.for_decoder(smollm2_pair, drafter, say=None)
+        calibration_cache.save(calibration_cache.cache_key(smollm2_pair, drafter), CostModel(0.26, list(EPYC), 0.0917, "measured"))
+        raw = calibration_cache.for_decoder(smollm2_pair, drafter, say=None)
         assert raw.verify == EPYC and raw.pad_width(2) == 3
     finally:
         small_gemm.set_enabled(old)

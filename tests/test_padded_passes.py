@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import test_cache_rollback as cr
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
-from mlxspec import cost_model
+from mlxspec import calibration_cache, cost_model
 from mlxspec.cache import ModelState
 from mlxspec.cost_model import CostModel, assumed, from_times
 from mlxspec.draft_length import PerToken
@@ -58,8 +58,8 @@ def test_no_padding_where_wider_never_costs_less_or_saves_only_noise():
 
 def test_a_cached_calibration_keeps_its_dip(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(tmp_path))
-    cost_model.save("k", dipped())
-    cm = cost_model.load_cached("k")
+    calibration_cache.save("k", dipped())
+    cm = calibration_cache.load_cached("k")
     assert cm is not None and cm.source == "cached" and cm.pad_width(5) == 16
 
 

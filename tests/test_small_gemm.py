@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec import backend, cost_model, small_gemm
+from mlxspec import backend, calibration_cache, small_gemm
 
 pytestmark = pytest.mark.skipif(not small_gemm.loaded(), reason=f"kernel not loaded: {small_gemm.why()}")
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +86,10 @@ def test_calibration_belongs_to_the_kernels_state(tiny_pair_dirs):
 
     pair = mlxspec.load(*tiny_pair_dirs)
     drafter = ModelDrafter(pair.draft)
-    key = cost_model.cache_key(pair, drafter)
+    key = calibration_cache.cache_key(pair, drafter)
     old = small_gemm.set_enabled(False)
     try:
-        assert key is not None and cost_model.cache_key(pair, drafter) != key
+        assert key is not None and calibration_cache.cache_key(pair, drafter) != key
     finally:
         small_gemm.set_enabled(old)
 
