@@ -57,11 +57,10 @@ def switched(pair, drafter, **kw):
     return monotone_costs.as_used(interpolated(raw))
 
 
-calibration_cache.for_decoder = switched
-
 
 def main() -> int:
     args = arguments(__doc__, "0", 64, "every-width.json")
+    calibration_cache.for_decoder = switched  # api.make_policy looks it up at each call
     prompts = chosen_prompts(args)
     pair = mlxspec.load()
     contenders = {"plain": (make_contender("plain"), False), "every width": (make_contender("model:auto"), False),
