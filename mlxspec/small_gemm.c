@@ -60,10 +60,12 @@
 #define MB_ONE_PASS 10 /* most rows per register tile (40 accumulators: a few spill; 12 rows' too many); more: even passes */
 #define JV(mb) 4       /* vectors per row in a register tile: the whole 64-column block */
 #define EVEN_PASSES 1  /* 13 rows: 6 + 7 */
+#define NREGS 32       /* vector registers */
 #else /* AVX2 (16 registers of 8 floats): 8-12 accumulators, as BLIS's Haswell tile (6 x 16); the AVX-512 tile,
        * split in two registers per vector, ran 5 rows in 4.4 times one row's time (1.8 times now) */
 #define MB_ONE_PASS 6  /* rows per register tile */
 #define JV(mb) ((mb) == 1 ? 8 : (mb) <= 3 ? 4 : 2) /* strips of 64, 32 or 16 columns, each over the same rows */
+#define NREGS 16       /* vector registers */
 #define EVEN_PASSES 0  /* 13 rows: 1 + 6 + 6; full 6-row tiles do the most per weight loaded (kernel_ab against even
                         * passes, 4 + 4 + 5: 1.21x; 7 rows as 1 + 6, not 3 + 4: 1.14x) */
 #endif
@@ -190,15 +192,29 @@ static inline float element(int fmt, const void *B, size_t i)
                 else                                                                                                \
                     __builtin_prefetch((const char *)(b + PF_FAR * ldb) + line, 0, 1);                              \
             }                                                                                                       \
-            vn w[NB / VW];                                                                                          \
-            for (int j = 0; j < jv; j++)                                                                            \
-                w[j] = LOAD(b + VW * j);                                                                            \
-            _Pragma("GCC unroll 10") for (int m = 0; m < MB_ONE_PASS; m++)                                          \
-            {                                                                                                       \
-                if (m < mb) {                                                                                       \
-                    vn a = splatn(A + (size_t)m * lda + k);                                                         \
-                    for (int j = 0; j < jv; j++)                                                                    \
-                        c[m][j] += a * w[j];                                                                        \
+            /* the weight vectors first, then each row's input, needs jv + 1 registers besides the sums; the     \
+             * rows' inputs first, then each weight vector, mb + 1: AVX2's 3 x 4 tile fits in 16 only that way  \
+             * (kernel_ab: 3 rows 1.11x, 9 = 3 + 6 rows 1.21x faster); the plain step's 1 x 8 keeps its order */ \
+            if (mb > 1 && mb * jv + jv + 1 > NREGS && mb * jv + mb + 1 <= NREGS) {                                \
+                vn a[MB_ONE_PASS];                                                                                  \
+                for (int m = 0; m < mb; m++)                                                                        \
+                    a[m] = splatn(A + (size_t)m * lda + k);                                                         \
+                for (int j = 0; j < jv; j++) {                                                                      \
+                    vn w = LOAD(b + VW * j);                                                                        \
+                    for (int m = 0; m < mb; m++)                                                                    \
+                        c[m][j] += a[m] * w;                                                                        \
+                }                                                                                                   \
+            } else {                                                                                            \
+                vn w[NB / VW];                                                                                      \
+                for (int j = 0; j < jv; j++)                                                                        \
+                    w[j] = LOAD(b + VW * j);                                                                        \
+                _Pragma("GCC unroll 10") for (int m = 0; m < MB_ONE_PASS; m++)                                      \
+                {                                                                                                   \
+                    if (m < mb) {                                                                                   \
+                        vn a = splatn(A + (size_t)m * lda + k);                                                     \
+                        for (int j = 0; j < jv; j++)                                                                \
+                            c[m][j] += a * w[j];                                                                    \
+                    }                                                                                               \
                 }                                                                                                   \
             }                                                                                                       \
         }                                                                                                           \
@@ -265,8 +281,8 @@ static void column_block(int nb, int M, int N, int K, float alpha, const float *
     } else {
         for (int k0 = 0; k0 < K; k0 += KB) {
             int k1 = k0 + KB < K ? k0 + KB : K;
-            /* the smaller pass first (AVX2's 3-row tile spills one accumulator, which only a pass streaming the
-             * weights from memory hides, so it comes first or alone), then even passes or full tiles (EVEN_PASSES) */
+            /* the smaller pass first (the first streams the weights from memory, which hides a less efficient
+             * tile), then even passes or full tiles (EVEN_PASSES) */
             int passes = (M + MB_ONE_PASS - 1) / MB_ONE_PASS;
             for (int p = 0, m0 = 0, mb; p < passes; p++, m0 += mb) {
                 mb = EVEN_PASSES ? (M - m0) / (passes - p) : p == 0 ? M - MB_ONE_PASS * (passes - 1) : MB_ONE_PASS;
