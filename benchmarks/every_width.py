@@ -23,13 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import backend, calibration_cache, cost_model, monotone_costs  # noqa: E402
-from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec import calibration_cache, cost_model, monotone_costs  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, report  # noqa: E402
 
 FORMAT_6_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 32)
 FORMAT_6_DRAFT_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -75,11 +74,7 @@ def main() -> int:
         finally:
             INTERPOLATED[0] = False
 
-    summary = interleave(prompts, names, run, lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
-                         RATIOS, args.repeats, args.max_tokens)
-    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "suite": args.suite,
-           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats, **summary}
-    return finish(out, args.out, out["tokens_per_pass"])
+    return report(args, prompts, pair, names, run, RATIOS)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py,
-packed_weights.py, lean_ops.py) share: a spread of run-by-run figures, the interleaved loop over prompts and repeats,
-and writing and printing their summary."""
+packed_weights.py, lean_ops.py, every_width.py) share: a spread of run-by-run figures, the interleaved loop over
+prompts and repeats, and writing and printing their summary."""
 
 from __future__ import annotations
 
@@ -169,4 +169,17 @@ def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders
     out = {"command": " ".join(sys.argv), "backend": backend.describe(), **(extra or {}),
            "suite": args.suite, "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts],
            "repeats": args.repeats, **summary}
+    return finish(out, args.out, out["tokens_per_pass"])
+
+
+def report(args: argparse.Namespace, prompts: list[dict], pair, names: list[str], run, ratios: list[str]) -> int:
+    """`interleave` the contenders `names` greedily over `prompts` (chat-templated), then
+    `finish` with the command, backend and settings; the exit status."""
+    from mlxspec import backend
+    from mlxspec.api import encode_prompt
+
+    summary = interleave(prompts, names, run, lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
+                         ratios, args.repeats, args.max_tokens)
+    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "suite": args.suite,
+           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats, **summary}
     return finish(out, args.out, out["tokens_per_pass"])

@@ -21,13 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import backend, small_gemm  # noqa: E402
-from mlxspec.api import encode_prompt  # noqa: E402
+from mlxspec import small_gemm  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from side_by_side import arguments, chosen_prompts, finish, interleave  # noqa: E402
+from side_by_side import arguments, chosen_prompts, report  # noqa: E402
 
 # name: (contender spec, kernel on)
 CONTENDERS = {"plain openblas": ("plain", False), "default openblas": ("model:auto", False),
@@ -56,11 +55,7 @@ def main() -> int:
         finally:
             small_gemm.set_enabled(True)
 
-    summary = interleave(prompts, names, run, lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),
-                         RATIOS, args.repeats, args.max_tokens)
-    out = {"command": " ".join(sys.argv), "backend": backend.describe(), "suite": args.suite,
-           "max_tokens": args.max_tokens, "prompts": [p["id"] for p in prompts], "repeats": args.repeats, **summary}
-    return finish(out, args.out, out["tokens_per_pass"])
+    return report(args, prompts, pair, names, run, RATIOS)
 
 
 if __name__ == "__main__":
