@@ -68,7 +68,8 @@ def main(argv=None):
                 r["tps"].append(st.generation_tps)
         for s in sizes:
             d = make_drafter(pair, "model", 0.0, s)
-            rows[s]["draft_step"].append(cost_model.calibrate(pair.target, d, calibration_cache._vocab_rows(pair)).draft_step)
+            vocab = calibration_cache._vocab_rows(pair)
+            rows[s]["draft_step"].append(cost_model.calibrate(pair.target, d, vocab).draft_step)
     print(f"{pair.describe()}; k={a.k}; {len(ids)} prompts x {a.repeats} repeats x {a.max_tokens} tokens, greedy")
     print("| N | draft step (plain steps) | acceptance | tokens/pass | tok/s (median) |")
     print("|---|---|---|---|---|")

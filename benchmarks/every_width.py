@@ -52,7 +52,8 @@ def switched(pair, drafter, **kw):
     cm = _for_decoder(pair, drafter, **kw)
     if not INTERPOLATED[0]:
         return cm
-    raw = calibration_cache.load_cached(calibration_cache.cache_key(pair, drafter))  # as measured, before the monotone fit
+    # as measured, before the monotone fit
+    raw = calibration_cache.load_cached(calibration_cache.cache_key(pair, drafter))
     return monotone_costs.as_used(interpolated(raw))
 
 

@@ -96,7 +96,8 @@ def test_for_decoder_decides_by_the_monotone_curve_and_the_cache_keeps_the_measu
         assert used.verify[:4] == pytest.approx([1.0, 1.04, 1.04, 1.19]) and used.pad_width(2) == 2
         assert calibration_cache.load_cached(key).verify == EPYC  # the file as measured
         small_gemm.set_enabled(False)  # calibrations are keyed by the kernel's state (backend.describe)
-        calibration_cache.save(calibration_cache.cache_key(smollm2_pair, drafter), CostModel(0.26, list(EPYC), 0.0917, "measured"))
+        calibration_cache.save(calibration_cache.cache_key(smollm2_pair, drafter),
+                               CostModel(0.26, list(EPYC), 0.0917, "measured"))
         raw = calibration_cache.for_decoder(smollm2_pair, drafter, say=None)
         assert raw.verify == EPYC and raw.pad_width(2) == 3
     finally:

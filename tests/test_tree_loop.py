@@ -235,8 +235,8 @@ def test_cli_tree_and_no_tree(tmp_path, monkeypatch, smollm2_pair):
 
     monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(tmp_path / "calibration"))  # save's folder, and the CLI's
     # the key of the pair as the CLI loads it (its folders and its weights' layout, blas_layout.py)
-    calibration_cache.save(calibration_cache.cache_key(smollm2_pair, SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)),
-                    cost_model.assumed(0.3))
+    drafter = SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)
+    calibration_cache.save(calibration_cache.cache_key(smollm2_pair, drafter), cost_model.assumed(0.3))
     base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
             "--ignore-chat-template", "-m", "12", "--json")
     out = {}
