@@ -46,8 +46,9 @@ def ready_to_write(path: Path) -> None:
 
 
 def chosen_prompts(args: argparse.Namespace) -> list[dict]:
-    """The prompts of `args.suite` that `args.prompts` names (all for "0")."""
-    suite = json.loads((ROOT / f"benchmarks/suites/{args.suite}.json").read_text())["prompts"]
+    """The prompts of `args.suite` (suites comma-separated) that `args.prompts` names (all for "0")."""
+    suite = [p for name in args.suite.split(",")
+             for p in json.loads((ROOT / f"benchmarks/suites/{name}.json").read_text())["prompts"]]
     wanted = None if args.prompts == "0" else args.prompts.split(",")
     return [p for p in suite if wanted is None or p["id"] in wanted]
 
