@@ -28,8 +28,7 @@ which on a shared machine are noise (and would make seeded runs irreproducible).
 `calibrate` measures them once in a minute or two (after a warm-up, in sweeps that
 time every width once, round-robin; the median over repeats, with several sweeps
 per repeat for the plain step, the draft step and passes up to SAMPLED_WIDTH
-positions, which everything is relative to or turns on, and two for wider ones; each verify
-pass right after a draft forward and the plain step right after a target pass, as decoding runs them) and
+positions, which everything is relative to or turns on, and two for wider ones) and
 `calibration_cache.for_decoder` caches the result under the mlxspec home, keyed by
 machine, backend and pair, so
 `generate`, `chat`, `Session` and `bench` reuse it; `mlxspec calibrate`
@@ -43,7 +42,7 @@ import time
 from statistics import median
 from dataclasses import asdict, dataclass, field
 
-FORMAT = 8  # 8: each pass timed after what runs before it in decoding (AFTER_DRAFT); 7: every verify width up to TIMED_UP_TO timed, wide ones WIDE_SAMPLES times per repeat; 6: passes
+FORMAT = 7  # 7: every verify width up to TIMED_UP_TO timed, wide ones WIDE_SAMPLES times per repeat; 6: passes
 # up to SAMPLED_WIDTH timed SAMPLES times per repeat, round-robin; 5: the draft's forwards by width; 4: plain and
 # draft steps timed SAMPLES times per repeat
 TIMED_UP_TO = 17  # every verify width up to here is timed, none interpolated: the small kernel (small_gemm.c) runs
@@ -62,12 +61,6 @@ SAMPLED_WIDTH = 8  # verify passes up to this width are timed SAMPLES times per 
 # and whether a sibling pays turns on the step from 2 to 3 positions (1.04 -> 1.20); wider passes are dearer and rarer
 WIDE_SAMPLES = 2  # ... and wider ones this many times: once per repeat, an AVX2 EPYC priced passes over 9 to 13
 # positions at 3.03, 2.83, 3.19, 3.44 and 3.11 plain steps (a spell of load only ever makes a pass slower)
-AFTER_DRAFT = True  # time each verify pass right after a draft forward, and the plain step right after a target
-# pass, as decoding runs them: a pass costs more after the draft's forwards (AVX2 EPYC, `after_draft.py`, interleaved:
-# x1-x3 1.04-1.23 plain steps after a draft forward against 1.00-1.40 after a target pass), and timed the other way
-# round (the plain step after the draft's forwards of the previous sweep) a calibration priced passes over 2 / 3
-# positions at 1.15 / 1.26 plain steps where the loop paid 1.43 / 1.48 (`round_phases.py`, creative), and drafted
-# at k = 1-2 on text where that ran at 0.88x plain
 PAD_MIN_SAVING = 0.05  # pad a pass to a wider width only if that saves this much of a plain step (not noise)
 
 
@@ -261,16 +254,6 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         logits = state.forward(pending + ids[context: context + w - len(pending)])
         mx.eval(mx.argmax(logits, axis=-1))
 
-    def before(w):
-        """What decoding runs right before a pass over w positions (AFTER_DRAFT): the draft's
-        forward before a verify pass, another target pass before a plain step."""
-        if not AFTER_DRAFT:
-            return
-        if w == 1:
-            timed_forward(target, 1)
-        elif draft_state is not None:
-            timed_forward(draft_state, 1)
-
     def draft_once():
         drafter.propose(history, k_draft, greedy, None)
 
@@ -293,7 +276,6 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         for sweep in range(SAMPLES if rep else 1):  # the warm-up makes every call once
             for w in widths:
                 if w <= SAMPLED_WIDTH or sweep < WIDE_SAMPLES:
-                    before(w)
                     timed(w, lambda: timed_forward(target, w), keep=rep > 0)
             if k_draft:
                 timed("draft", draft_once, per=k_draft, keep=rep > 0)

@@ -1,7 +1,8 @@
 """Calibrating each pass after what runs before it in decoding (FORMAT 8) against not (FORMAT 7).
 
-    python benchmarks/after_draft.py --old OLD.json                       # code suite, 64 tokens, 3 repeats
-    python benchmarks/after_draft.py --old OLD.json --suite chat,creative --max-tokens 48
+Run at 6677d01, whose cost_model.py has FORMAT 8 and AFTER_DRAFT (reverted: this measured it worse):
+
+    python benchmarks/records/2026-12-06-stop53/after_draft_ab.py --old OLD.json --suite chat,creative --max-tokens 48
 
 One process, the default pair loaded once.  Contenders, interleaved on each prompt,
 warm, in a rotating order per repeat: plain decoding; the default deciding by the
@@ -18,13 +19,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec import calibration_cache, monotone_costs  # noqa: E402
 from mlxspec.bench_contenders import make_contender  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from side_by_side import arguments, chosen_prompts, report  # noqa: E402
 
