@@ -48,7 +48,7 @@ class Child:
     """`mlxspec generate ...` in a child process whose output is read as it comes."""
 
     def __init__(self, *args):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # SIGABRT: every thread's stack
         self.p = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "generate", *map(str, args)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.out, self.err = b"", b""
@@ -82,8 +82,15 @@ class Child:
         try:
             out, err = self.p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.p.kill()
-            raise
+            rc = self.p.poll()  # not None: it ended, and something it started holds its pipes open
+            self.p.send_signal(signal.SIGABRT)  # faulthandler prints where each thread is stuck
+            try:
+                _, err = self.p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                err = b""
+            pytest.fail(f"no end of output {timeout} s after SIGINT (exit status then: {rc}); stderr:\n"
+                        f"{(self.err + (err or b'')).decode(errors='replace')[-6000:]}")
         self.out += out or b""
         self.err += err or b""
         return self.p.returncode, self.out.decode(), self.err.decode()
