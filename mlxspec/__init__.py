@@ -7,8 +7,10 @@ lands in the CLI's own handler (exit 130), not in a module import.
 
 import importlib
 
+from . import startup_signals as _startup_signals
 from .backend import preload_openblas as _preload_openblas
 
+_startup_signals.hold()  # the `mlxspec` command: before any library starts a thread
 _preload_openblas()  # must run before anything imports mlx.core
 
 __version__ = "0.1.0"

@@ -22,6 +22,10 @@ if ((__name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "")
     # run as the `mlxspec` command: a Ctrl-C before main() starts exits 130 too, not with a traceback
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
+from .startup_signals import release  # noqa: E402
+
+release()  # a Ctrl-C held while the package loaded arrives here
+
 import importlib  # noqa: E402
 
 import click  # noqa: E402

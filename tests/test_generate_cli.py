@@ -4,6 +4,7 @@ line gives the finish reason, the context limit included; --compare measures lik
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,8 +48,8 @@ def cli(*args, timeout=300):
 class Child:
     """`mlxspec generate ...` in a child process whose output is read as it comes."""
 
-    def __init__(self, *args):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # SIGABRT: every thread's stack
+    def __init__(self, *args, env=None):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}  # SIGABRT: stacks
         self.p = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "generate", *map(str, args)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.out, self.err = b"", b""
@@ -118,6 +119,25 @@ def test_ctrl_c_while_the_libraries_load(chatty):
     c.wait_for(mapped("libmlx"))  # MLX itself is being imported
     rc, out, err = c.interrupt()
     assert_interrupted(rc, err)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="MLX's compiler check runs g++")
+def test_ctrl_c_while_mlx_checks_for_its_compiler(chatty, tmp_path):
+    """MLX runs `g++ --version` once, through system(), which ignores SIGINT meanwhile: a
+    Ctrl-C then was lost and the generation ran to its end.  Here that g++ takes seconds."""
+    t, d = chatty
+    mark = tmp_path / "checking"
+    shim = tmp_path / "bin" / "g++"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then : > "{mark}"; sleep 4; fi\n'
+                    f'exec {shutil.which("g++")} "$@"\n')
+    shim.chmod(0o755)
+    c = Child("--model", t, "--draft", d, "-p", "hello", "-m", 3000,
+              env={"PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    c.wait_for(lambda c: mark.exists())
+    rc, out, err = c.interrupt()
+    assert_interrupted(rc, err)
+    assert not out.strip()  # it ended there, not after a generation
 
 
 def generating(c, since: list, min_bytes=20, min_s=1.0):
