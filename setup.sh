@@ -56,10 +56,8 @@ case "${1:-}" in
     fi
     .venv/bin/mlxspec pull smollm2-135m
     shift || true
-    # MLXSPEC_TEST_WORKERS=2 runs it in two processes (pytest-xdist: 468 s against 818 s here), not yet the default:
-    # in one such CI run a child `mlxspec generate --json` did not exit within 120 s of its Ctrl-C
-    # (test_ctrl_c_in_json_mode_prints_the_partial_json), which one process has never shown
-    .venv/bin/python -m pytest -q --durations=15 -n "${MLXSPEC_TEST_WORKERS:-0}" "$@"
+    # two processes (pytest-xdist: 583 s against 1019 s in one, CI here); MLXSPEC_TEST_WORKERS=0 for one, N for N
+    .venv/bin/python -m pytest -q --durations=15 -n "${MLXSPEC_TEST_WORKERS:-2}" "$@"
     ;;
   "") ;;
   *) echo "usage: ./setup.sh [demo|test [pytest args]]"; exit 2 ;;
