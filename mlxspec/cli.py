@@ -17,12 +17,11 @@ def _interrupted_while_starting(signum, frame):  # nothing is done yet: nothing 
     os._exit(130)
 
 
-if ((__name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "mlxspec")
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # (an ignored SIGINT stays ignored)
+from .startup_signals import release, running_as_command  # noqa: E402
+
+if running_as_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (ignored stays ignored)
     # run as the `mlxspec` command: a Ctrl-C before main() starts exits 130 too, not with a traceback
     signal.signal(signal.SIGINT, _interrupted_while_starting)
-
-from .startup_signals import release  # noqa: E402
 
 release()  # a Ctrl-C held while the package loaded arrives here
 

@@ -5,7 +5,7 @@ whether it can compile kernels: it runs `g++ --version` through the C library's
 system(), and system() ignores SIGINT in the calling process until the command ends.
 A Ctrl-C in that window was discarded, and the run went on as if nothing had been
 pressed. A test that interrupted `generate` while its libraries loaded got the whole
-generation and exit status 0, about once in 200 runs beside a busy test process.
+generation and exit status 0, once in about 11 runs beside busy test processes.
 
 So the command (not a program that imports mlxspec: its signals are its own) holds
 SIGINT blocked from the moment the package is imported, before any library starts a
@@ -29,7 +29,7 @@ _state = {"held": False}
 
 def running_as_command() -> bool:
     """Is this process the `mlxspec` command: the console script, or `python -m mlxspec.cli`
-    (cli.py releases the block; nothing else would)?"""
+    (cli.py installs its start-up handler and releases the block; nothing else would)?"""
     if os.path.basename(sys.argv[0] if sys.argv else "") == "mlxspec":
         return True
     orig = list(getattr(sys, "orig_argv", []))
