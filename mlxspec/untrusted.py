@@ -9,11 +9,16 @@
 * Names read from them (a GGUF's `general.name`, folder names) and the CLI's error
   lines go through `printable`, so escape sequences never reach the terminal raw.
 * Paths they give (pair.json) stay inside their folder (`confined`).
+* Every JSON file or body mlxspec reads goes through `read_json` / `parse_json`:
+  bounded in size, regular files only, and too-deep nesting is one line naming
+  the file, never a RecursionError.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 import unicodedata
 from pathlib import Path
@@ -23,6 +28,69 @@ from .errors import MlxspecError
 CODE_KEYS = ("auto_map",)  # config keys that name classes to import from a folder or repo
 CODE_FILES = ("config.json", "tokenizer_config.json")
 NOTICE = "mlxspec never runs code from model folders"
+JSON_MAX_BYTES = 64 << 20  # tokenizer.json files run to ~20 MB; nothing mlxspec reads is larger
+JSON_MAX_DEPTH = 64  # deeper than any config, tokenizer, session or request mlxspec reads
+
+
+def regular_file(path, what: str, max_bytes: int | None = None) -> int:
+    """The size of `path`, refused in one line unless it is a regular file (not a FIFO,
+    a device such as /dev/zero, or a folder) of at most `max_bytes`."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise MlxspecError(f"cannot read {what} {printable(path)}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise MlxspecError(f"{what} {printable(path)} is not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise MlxspecError(f"{what} {printable(path)} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+    return st.st_size
+
+
+def _depth(data, limit: int) -> bool:
+    """Is `data` nested no deeper than `limit` (iterative: never recurses)?"""
+    stack = [(data, 1)]
+    while stack:
+        item, d = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        if d > limit:
+            return False
+        stack.extend((x, d + 1) for x in item if isinstance(x, (dict, list)))
+    return True
+
+
+def parse_json(raw, what: str, max_bytes: int = JSON_MAX_BYTES, max_depth: int = JSON_MAX_DEPTH):
+    """`raw` (str or bytes) parsed, or one MlxspecError naming `what`: too large, not
+    UTF-8, not JSON, or nested deeper than `max_depth` (checked without recursion)."""
+    if len(raw) > max_bytes:
+        raise MlxspecError(f"{what} is {len(raw):,} bytes, more than the {max_bytes:,} allowed")
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+        data = json.loads(text)
+    except RecursionError:
+        raise MlxspecError(f"{what} is nested too deeply (more than {max_depth} levels)") from None
+    except UnicodeDecodeError:
+        raise MlxspecError(f"{what} is not UTF-8 text") from None
+    except ValueError as e:
+        raise MlxspecError(f"{what} is not valid JSON ({printable(first_line(e), 120)})") from None
+    if not _depth(data, max_depth):
+        raise MlxspecError(f"{what} is nested too deeply (more than {max_depth} levels)")
+    return data
+
+
+def read_json(path, what: str | None = None, max_bytes: int = JSON_MAX_BYTES, max_depth: int = JSON_MAX_DEPTH):
+    """The JSON file `path`, parsed under `parse_json`'s bounds; a FIFO, a device or a
+    folder is refused before anything is read."""
+    what = what or str(path)
+    regular_file(path, what, max_bytes)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as e:
+        raise MlxspecError(f"cannot read {printable(what)}: {e.strerror or e}") from None
+    return parse_json(raw, printable(what), max_bytes, max_depth)
 
 
 def printable(text, limit: int = 200) -> str:
@@ -54,8 +122,8 @@ def note_code_refs(folder: Path, label: str | None = None) -> dict:
     found = {}
     for name in CODE_FILES:
         try:
-            data = json.loads((Path(folder) / name).read_text())
-        except (OSError, ValueError):
+            data = read_json(Path(folder) / name)
+        except MlxspecError:
             continue
         if isinstance(data, dict) and any(k in data for k in CODE_KEYS):
             found[name] = _tokenizer_ref(data.get("auto_map"))
