@@ -1,5 +1,5 @@
 """What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py,
-packed_weights.py, lean_ops.py, every_width.py) share: a spread of run-by-run figures, the interleaved loop over
+packed_weights.py, lean_ops.py, compiled_draft.py, draft_bits.py, ...) share: a spread of run-by-run figures, the interleaved loop over
 prompts and repeats, and writing and printing their summary."""
 
 from __future__ import annotations
