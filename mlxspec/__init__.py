@@ -3,14 +3,21 @@
 The public names below are imported on first use (PEP 562), so `import mlxspec`
 and the `mlxspec` command start fast and a Ctrl-C while the heavy libraries load
 lands in the CLI's own handler (exit 130), not in a module import.
+
+Importing it also (private_dirs.py) sets TMPDIR to a folder only this user can write,
+unless it already is one: MLX compiles and loads CPU kernels under $TMPDIR/mlx.
 """
 
 import importlib
 
+from . import open_files_limit as _open_files_limit
+from . import private_dirs as _private_dirs
 from . import startup_signals as _startup_signals
 from .backend import preload_openblas as _preload_openblas
 
 _startup_signals.hold()  # the `mlxspec` command: before any library starts a thread
+_private_dirs.secure_mlx_temp()  # MLX's compiled kernels: only from a folder this user alone can write
+_open_files_limit.install()  # mlx_lm's open-files limit: no crash under a low hard limit
 _preload_openblas()  # must run before anything imports mlx.core
 
 __version__ = "0.1.0"
