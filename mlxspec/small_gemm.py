@@ -19,6 +19,14 @@ for (more than 32 rows: prefill; a transposed A) to OpenBLAS.  Each output is
 summed in one fixed order whatever the number of rows, so a verify pass scores
 every position bit for bit as a plain step does.
 
+The kernels folder must be this user's alone (private_dirs.py), and a cached
+build is loaded only if its owner is this user, it is not group/other-writable
+and its sha256 matches the one recorded beside it at build time
+(`small_gemm-<hash>.so.sha256`); otherwise it is built again.  The compiler
+runs at most BUILD_TIMEOUT_S and a held Ctrl-C (startup_signals.py) kills it; a
+build that failed or timed out leaves `small_gemm-<hash>.failed`, and is not
+tried again for a day unless the source or compiler change (`why()` says so).
+
 No compiler, a failed build or MLXSPEC_SMALL_GEMM=0: OpenBLAS takes every call,
 as before (`backend.describe()` says which).  Only our own source shipped in
 the package is compiled; nothing from a model folder.
@@ -33,7 +41,9 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 ENV = "MLXSPEC_SMALL_GEMM"  # "0": OpenBLAS takes every call
@@ -41,7 +51,9 @@ SOURCES = tuple(Path(__file__).with_name(f) for f in (
     "small_gemm.c", "draft_gemm.c", "draft_gemm4.c", "thread_pool.c"))  # one library
 HEADERS = (Path(__file__).with_name("thread_pool.h"),)
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC")
-BUILD_TIMEOUT_S = 120
+BUILD_TIMEOUT_S = 60  # about 3 s here; a compiler that hangs costs this once a day, not every run
+RETRY_AFTER_S = 24 * 3600  # a failed build (per source, compiler and CPU) is retried after this
+POLL_S = 0.05  # how often a running compile looks for a held Ctrl-C
 
 _state: dict = {"lib": None, "why": None}
 
@@ -62,7 +74,7 @@ def _compiler() -> str | None:
 
 
 def library_path(cc: str) -> Path:
-    """Where the build for this source, compiler and CPU is cached."""
+    """Where the build for this source, compiler and CPU is cached (the folder not created)."""
     from .paths import cache_dir
 
     st = os.stat(cc)
@@ -71,33 +83,147 @@ def library_path(cc: str) -> Path:
     return cache_dir() / "kernels" / f"small_gemm-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 
-def build() -> Path | None:
-    """The compiled kernel (built now if not cached), or None (the reason in `why()`)."""
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sidecar(out: Path) -> Path:
+    return out.with_name(out.name + ".sha256")
+
+
+def _marker(out: Path) -> Path:
+    return out.with_name(out.stem + ".failed")
+
+
+def verified(out: Path) -> bool:
+    """Whether the cached build `out` is this user's own (owner, mode) and unchanged since it
+    was built (its sha256 as recorded beside it)."""
+    from .private_dirs import file_problem
+
+    side = _sidecar(out)
+    if file_problem(out) or file_problem(side):
+        return False
+    try:
+        with open(side, "rb") as f:
+            recorded = f.read(200).decode("ascii", "replace").strip()
+        return recorded == _digest(out)
+    except OSError:
+        return False
+
+
+def _recent_failure(out: Path) -> str | None:
+    """The recorded reason this build failed, if it failed less than RETRY_AFTER_S ago."""
+    from .private_dirs import file_problem
+    from .untrusted import printable
+
+    marker = _marker(out)
+    if file_problem(marker):
+        return None
+    try:
+        if time.time() - marker.stat().st_mtime >= RETRY_AFTER_S:
+            return None
+        with open(marker, "rb") as f:
+            reason = f.read(300).decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return None
+    return printable(reason[0] if reason else "?", 200)
+
+
+def _write(folder: Path, final: Path, text: str) -> None:
     from . import tempfiles
+
+    fd, tmp = tempfiles.mkstemp(folder, final.name)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, final)
+    finally:
+        tempfiles.remove(tmp)
+
+
+def _interrupt_pending() -> bool:
+    """A Ctrl-C held by startup_signals (SIGINT blocked while the command starts)."""
+    return hasattr(signal, "sigpending") and signal.SIGINT in signal.sigpending()
+
+
+def _compile(cmd: list[str]) -> tuple[str, str]:
+    """Run the compiler: ("ok", ""), ("failed", its first error line), ("timeout", "")
+    or ("interrupted", "") after a held Ctrl-C (the compiler killed; the Ctrl-C goes on
+    to the command's handler once the block ends). An unheld Ctrl-C (KeyboardInterrupt)
+    kills the compiler too."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
+    try:
+        while True:
+            try:
+                _, err = proc.communicate(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if _interrupt_pending():
+                    return "interrupted", ""
+                if time.monotonic() > deadline:
+                    return "timeout", ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        lines = (err or "").strip().splitlines() or ["?"]
+        return "failed", next((ln for ln in lines if "error" in ln), lines[-1]).strip()[:160]
+    return "ok", ""
+
+
+def build() -> Path | None:
+    """The compiled kernel (built now if not cached and verified), or None (the reason in
+    `why()`). The kernels folder must be this user's alone (private_dirs); a cached build
+    whose owner, mode or content hash do not check out is built again; a build that failed
+    or timed out is not tried again for RETRY_AFTER_S unless the source or compiler change."""
+    from . import private_dirs, tempfiles
 
     cc = _compiler()
     if cc is None:
         _state["why"] = "no C compiler (cc)"
         return None
     out = library_path(cc)
-    if out.exists():
-        return out
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs.ensure(out.parent)
+    except private_dirs.UnsafeFolder as e:
+        _state["why"] = f"the kernels folder is not private ({e})"[:200]
+        private_dirs.warn(f"small-batch kernel not used: {e}", key=str(e))  # once, with the TMPDIR line
+        return None
+    if verified(out):
+        return out
+    failed = _recent_failure(out)
+    if failed is not None:
+        _state["why"] = (f"the kernel did not compile ({failed}); not retried until the source or compiler "
+                         f"changes, or a day has passed (or delete {_marker(out)})")
+        return None
+    try:
         tempfiles.remove_stale(out.parent)
+        for p in (out, _sidecar(out)):
+            p.unlink(missing_ok=True)  # a build that does not check out: built again
         tmp = tempfiles.temp_name(out.parent, out.stem)
         try:
-            r = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp), "-ldl", "-lm"], capture_output=True, text=True,
-                               timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
-            if r.returncode != 0:
-                lines = r.stderr.strip().splitlines() or ["?"]
-                first = next((ln for ln in lines if "error" in ln), lines[-1]).strip()
-                _state["why"] = f"the kernel did not compile ({first[:160]})"
+            result, detail = _compile([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp), "-ldl", "-lm"])
+            if result != "ok":
+                _state["why"] = {"interrupted": "interrupted while it compiled",
+                                 "timeout": f"the kernel did not compile (the compiler ran over {BUILD_TIMEOUT_S} s)",
+                                 "failed": f"the kernel did not compile ({detail})"}[result]
+                if result != "interrupted":
+                    _write(out.parent, _marker(out), detail or f"the compiler ran over {BUILD_TIMEOUT_S} s")
                 return None
+            os.chmod(tmp, 0o755)
+            _write(out.parent, _sidecar(out), _digest(tmp))
             os.replace(tmp, out)
-            for old in out.parent.glob("small_gemm-*.so"):  # builds of an older source or another compiler
-                if old != out:
+            for old in out.parent.glob("small_gemm-*"):  # builds of an older source or another compiler
+                if not old.name.startswith(out.stem):
                     old.unlink(missing_ok=True)
+            _marker(out).unlink(missing_ok=True)
         finally:
             tempfiles.remove(tmp)
     except (OSError, subprocess.SubprocessError) as e:

@@ -15,6 +15,10 @@ inherits the block, so SIGINT can only go to the main thread. The block ends onc
 whose action is "ignore", so a SIGINT that comes meanwhile stays pending and arrives
 when the main thread unblocks it. One that is already pending when system() sets
 "ignore" would be dropped, so `release` lets a pending one through first.
+
+Anything long that runs while SIGINT is held must look for it itself: the build of
+the small-batch kernel (small_gemm.py, at import) polls `signal.sigpending()` and
+kills the compiler on a held Ctrl-C, which then arrives here (exit 130).
 """
 
 from __future__ import annotations

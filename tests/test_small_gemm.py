@@ -128,8 +128,9 @@ def test_built_once_into_the_cache_older_builds_and_stale_temps_removed(tmp_path
     r = _run({}, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "small-batch kernel)" in r.stdout and r.stdout.split()[-2] == "1"
-    built = sorted(p.name for p in kernels.iterdir())
-    assert len(built) == 1 and built[0].startswith("small_gemm-") and built[0].endswith(".so")
+    built = sorted(p.name for p in kernels.iterdir())  # the library and its recorded sha256
+    assert len(built) == 2 and built[0].startswith("small_gemm-") and built[0].endswith(".so")
+    assert built[1] == built[0] + ".sha256"
     mtime = (kernels / built[0]).stat().st_mtime_ns
     assert _run({}, tmp_path).returncode == 0
     assert (kernels / built[0]).stat().st_mtime_ns == mtime  # cached, not built again
