@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlxspec import memory, tempfiles, untrusted, vocab_subset
 from mlxspec.errors import MlxspecError, write_failure
-from mlxspec.untrusted import printable
+from mlxspec.untrusted import printable, read_json
 
 from . import hub
 
@@ -58,10 +58,9 @@ def default_output(target: str, draft: str) -> Path:
 
 
 def read_config(r: hub.Repo, snapshot: Path) -> dict:
-    try:
-        config = json.loads((snapshot / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise MlxspecError(f"{r.repo}: config.json is unreadable ({e})") from e
+    from mlxspec.model_files import CONFIG_MAX_BYTES
+
+    config = read_json(snapshot / "config.json", f"{r.repo}/config.json", CONFIG_MAX_BYTES)
     memory.check_config(config, f"{r.repo}/config.json")
     if config.get("model_file"):
         raise MlxspecError(f"{r.repo} needs custom model code ({printable(config['model_file'])}), "
@@ -163,8 +162,8 @@ def copy_meta(src: Path, dst: Path) -> None:
     """Copy a tokenizer/config file; JSON objects lose `auto_map` (the pair never names code to run)."""
     if src.suffix == ".json":
         try:
-            data = json.loads(src.read_text())
-        except (OSError, ValueError):
+            data = untrusted.read_json(src, str(src))
+        except MlxspecError:
             data = None
         clean = untrusted.strip_code_refs(data)
         if clean is not data:

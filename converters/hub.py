@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import json
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxspec.errors import MlxspecError
+from mlxspec.untrusted import read_json
 
 META_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -226,8 +226,8 @@ def weight_files(r: Repo, snapshot: Path) -> list:
     index = snapshot / INDEX_FILE
     if index.is_file():
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
+            names = sorted(set(read_json(index, f"{r.repo}/{INDEX_FILE}", 64 << 20)["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError) as e:
             raise MlxspecError(f"{r.repo}: {INDEX_FILE} is unreadable ({e})") from e
     else:
         names = sorted(n for n in r.files if SINGLE_WEIGHTS.fullmatch(n))

@@ -3,12 +3,12 @@ mlxspec/bench_suites/ when packaged; $MLXSPEC_BENCH_SUITES overrides)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import MlxspecError
+from .untrusted import read_json
 
 
 @dataclass
@@ -88,10 +88,7 @@ def parse_suite(data: dict, path: str = "") -> Suite:
 
 def load_suite(name: str) -> Suite:
     f = find_suite_file(name)
-    try:
-        data = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise MlxspecError(f"cannot read suite {f}: {e}") from e
+    data = read_json(f, f"suite {f}")
     return parse_suite(data, str(f))
 
 

@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 
 from .cost_model import FORMAT, CostModel, calibrate
+from .errors import MlxspecError
 from .machine_load import Watch, limit
 from .monotone_costs import as_used
+from .untrusted import printable, read_json
 
 
 def calibration_dir() -> Path:
@@ -85,16 +87,43 @@ def cache_key(pair, drafter) -> str | None:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
+MAX_FILE_BYTES = 64 << 10  # a calibration is about 2 KB
+MAX_WIDTHS = 64  # entries in a width list (32 verify widths and 16 draft widths are measured)
+MAX_RELATIVE = 1000.0  # a pass or draft step costs at most this many plain target steps
+MAX_STEP_S = 3600.0
+
+
+def _number(d: dict, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    v = d[key] if isinstance(d, dict) else d
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v if lo_open else lo <= v) or not v <= hi:
+        raise ValueError(f"values out of range: {key} is {v!r}, expected a number in "
+                         f"{'(' if lo_open else '['}{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _widths(d: dict, key: str, required: bool) -> list[float]:
+    v = d[key] if required else d.get(key, [])
+    if not isinstance(v, list) or len(v) > MAX_WIDTHS or (required and not v):
+        n = len(v) if isinstance(v, list) else type(v).__name__
+        raise ValueError(f"values out of range: {key} has {n} entries, expected 1 to {MAX_WIDTHS}")
+    return [_number(x, f"{key}[{i}]", 0, MAX_RELATIVE, lo_open=True) for i, x in enumerate(v)]
+
+
 def read(path: Path, fmt: int | None = FORMAT) -> CostModel:
-    """The cost model in a calibration file (OSError, ValueError, KeyError or TypeError
-    when it is not one; of format `fmt`, or of any with None)."""
-    d = json.loads(path.read_text())
+    """The cost model in a calibration file (OSError, ValueError, KeyError, TypeError or
+    MlxspecError when it is not one; of format `fmt`, or of any with None).  Every value
+    is range-checked: finite, not negative, at most MAX_RELATIVE plain steps, width lists
+    of at most MAX_WIDTHS entries (an inf silently turns drafting off; a million-entry
+    list makes every token slower)."""
+    d = read_json(path, str(path), MAX_FILE_BYTES)
+    if not isinstance(d, dict):
+        raise ValueError(f"a JSON {type(d).__name__}, not a calibration")
     if fmt is not None and d.get("format") != fmt:
-        raise ValueError(f"format {d.get('format')!r}")
-    cm = CostModel(float(d["draft_step"]), [float(x) for x in d["verify"]], float(d["plain_step_s"]), "cached",
-                   [float(x) for x in d.get("draft_widths", [])])
-    if not (cm.verify and cm.verify[0] == 1.0 and cm.draft_step >= 0 and all(v > 0 for v in cm.verify)):
-        raise ValueError("values out of range")
+        raise ValueError(f"format {printable(repr(d.get('format')), 40)}")
+    cm = CostModel(_number(d, "draft_step", 0, MAX_RELATIVE), _widths(d, "verify", True),
+                   _number(d, "plain_step_s", 0, MAX_STEP_S), "cached", _widths(d, "draft_widths", False))
+    if cm.verify[0] != 1.0:
+        raise ValueError(f"values out of range: verify[0] is {cm.verify[0]!r}, expected 1.0")
     return cm
 
 
@@ -104,7 +133,7 @@ def load_cached(key: str, warn=None) -> CostModel | None:
         return None
     try:
         return read(path)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, MlxspecError) as e:
         if warn is not None:
             warn(f"note: ignoring the calibration file {path} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); measuring again")
         return None
@@ -114,8 +143,12 @@ def save(key: str, cm: CostModel) -> None:
     folder = calibration_dir()
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, **cm.to_dict()}, indent=1))
-    os.replace(tmp, folder / f"{key}.json")
+    try:
+        tmp.write_text(json.dumps({"format": FORMAT, **cm.to_dict()}, indent=1))
+        os.replace(tmp, folder / f"{key}.json")
+    except BaseException:  # a full disk, or Ctrl-C: no temp file left behind, per run
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _vocab_rows(pair) -> int:

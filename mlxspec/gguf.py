@@ -52,7 +52,7 @@ from .errors import MlxspecError, write_failure
 from .gguf_storage import Rounding, shard_plan, stored_bytes, to_storage
 from .gguf_tokenizer import eos_ids, read_tokenizer, tokenizer_files  # noqa: F401  (public here too)
 from .paths import cache_dir
-from .untrusted import printable
+from .untrusted import printable, read_json, regular_file
 
 MAX_COUNT = 1 << 24  # no sane size, count or length in GGUF metadata is larger
 FORMAT = 2  # of the converted folders (1: float32, 2: float16 matrices); bump it when conversion changes
@@ -341,8 +341,8 @@ def convert_into(path: Path, out: Path, digest: str, progress: bool = True, floa
 def cached_format(folder: Path) -> int | None:
     """The FORMAT a converted folder was written with, or None if it is not one."""
     try:
-        return json.loads((folder / "config.json").read_text())["mlxspec"]["format"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_json(folder / "config.json", max_bytes=1 << 20)["mlxspec"]["format"]
+    except (MlxspecError, KeyError, TypeError):
         return None
 
 
@@ -360,8 +360,9 @@ def convert(gguf_path, progress: bool = True, expected_sha256: str | None = None
     `ChecksumMismatch` before anything is converted or looked up.
     """
     path = Path(gguf_path).expanduser()
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise MlxspecError(f"{path}: no such GGUF file")
+    regular_file(path, "GGUF file")  # a FIFO or /dev/zero would hang or never end
     digest = sha256_file(path)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise ChecksumMismatch(f"{path} is corrupt: its SHA-256 is {digest}, expected {expected_sha256.lower()}; "

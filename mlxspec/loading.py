@@ -11,7 +11,6 @@ Models are mlx-lm classes; on the CPU backend they compute in float32.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from .backend import compute_dtype
 from .cache import check_rollback
 from .compat import Compatibility, require_compatible
 from .errors import MlxspecError
-from .memory import read_config
-from .untrusted import confined, first_line, load_tokenizer, printable, strip_code_refs
+from .memory import check_config
+from .untrusted import confined, first_line, load_tokenizer, printable, read_json, regular_file, strip_code_refs
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -126,10 +125,10 @@ def _is_pair_dir(p: Path) -> bool:
 
 def read_pair_manifest(p: Path) -> dict:
     """pair.json, with target_dir and draft_dir: subfolders of `p` (paths leading out are refused)."""
+    manifest = read_json(p / "pair.json", f"{p}/pair.json", 1 << 20)
     try:
-        manifest = json.loads((p / "pair.json").read_text())
         paths = {role: manifest[role]["path"] for role in ("target", "draft")}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise MlxspecError(f"{p}/pair.json is unreadable ({printable(e)}); re-run `mlxspec convert`") from e
     dirs = {f"{role}_dir": confined(p, rel, f"{p}/pair.json: the {role} path") for role, rel in paths.items()}
     return {**manifest, **dirs}
@@ -141,8 +140,9 @@ def resolve_model_dir(spec: str | Path) -> Path:
     spec_str = str(spec)
     path = Path(spec_str).expanduser()
     if path.suffix == ".gguf":
-        if not path.is_file():
+        if not (path.exists() or path.is_symlink()):
             raise MlxspecError(f"{printable(str(path))}: no such GGUF file")
+        regular_file(path, "GGUF file")
         from .gguf import convert
 
         return convert(path)
@@ -152,6 +152,19 @@ def resolve_model_dir(spec: str | Path) -> Path:
 
         return weights.converted(name)
     return resolve_local_dir(spec)
+
+
+def resolve_present(spec: str | Path) -> Path:
+    """resolve_model_dir that never fetches: a catalog model must have been pulled
+    (Session.load uses this: a session file cannot make mlxspec download)."""
+    name = catalog_name(str(spec))
+    if name is None:
+        return resolve_model_dir(spec)  # folders, pair folders, cached HF repos, .gguf files: all local
+    from . import weights
+
+    if not weights.is_present(name):
+        raise MlxspecError(f"model {name} is not in the mlxspec cache (fetch it with `mlxspec pull {name}`)")
+    return weights.converted(name)
 
 
 def resolve_local_dir(spec: str | Path) -> Path:
@@ -164,7 +177,7 @@ def resolve_local_dir(spec: str | Path) -> Path:
     if path.is_dir():
         if _is_pair_dir(path):
             return read_pair_manifest(path)["target_dir"]
-        if not (path / "config.json").is_file():
+        if not ((path / "config.json").exists() or (path / "config.json").is_symlink()):
             raise MlxspecError(f"{printable(str(path))} has no config.json: not an MLX model folder")
         return path
     if path.exists():
@@ -250,13 +263,15 @@ def load_model_dir(path: Path, name: str = "model"):
     from mlx_lm.utils import load_model
 
     from . import blas_layout, draft_weights, fused_projections, lean_ops, packed_weights
+    from .model_files import check_folder, model_classes
 
-    model_file = read_config(path).get("model_file")
+    model_file = check_config(check_folder(path), path / "config.json").get("model_file")
     if model_file:
         raise MlxspecError(f"the {name} in {path} needs custom model code ({printable(model_file)}), "
                            "which mlxspec never runs")
     try:
-        model, config = load_model(path, lazy=True, trust_remote_code=False)
+        model, config = load_model(path, lazy=True, trust_remote_code=False,
+                                   get_model_classes=model_classes(path, name))
         dtype = compute_dtype()
         if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(dtype)
@@ -267,6 +282,8 @@ def load_model_dir(path: Path, name: str = "model"):
         blas_layout.prepare(model)  # the other float32 weights: stored as BLAS reads them fastest
         lean_ops.prepare(model)  # CPU: RoPE from shared tables, RMSNorm compiled (fewer MLX operations)
         fused_projections.prepare(model)  # CPU with the kernel: q/k/v and gate/up as one product each
+    except MlxspecError:
+        raise  # config.json's own faults (model_files.py), named as such
     except FileNotFoundError as e:
         raise MlxspecError(f"{name} folder {path} is incomplete: {e}") from e
     except ValueError as e:

