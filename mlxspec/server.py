@@ -9,13 +9,15 @@ before it takes a queue place: server_requests.py), then hand it to the engine,
 which runs one generation at a time in the main thread (server_engine.py), and
 write what it produces as JSON or as server-sent events (server_stream.py).
 While waiting, a handler watches its socket: a client that hangs up cancels its
-generation before the next draft/verify round.
+generation before the next draft/verify round.  What a request must be to get
+in (Host, Origin, Content-Type, framing, a whole-request deadline) and what
+bounds the model's chat template and tokenizer: server_guard.py.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
+import io
 import json
 import queue
 import select
@@ -23,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import urlsplit
@@ -33,12 +36,15 @@ from .errors import MlxspecError
 from .options import (draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs,
                       sampling_options)
 from .server_engine import Engine, Job, QueueFull
+from .server_guard import (FD_ERRORS, DeadlineReader, Gate, Spare, check_framing, check_json_type, encode_guarded,
+                           is_loopback, parse_list, resolve_api_key, slow_request,
+                           unauthorized)
 from .server_requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
 from .server_stream import SSE_DONE, Shapes, openai_finish, sse
 from .untrusted import printable
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
-REQUEST_TIMEOUT = 30  # seconds a client may take to send its request
+REQUEST_TIMEOUT = 30  # seconds a client may take to send a request (headers and body); the template, to render it
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
           "/chat/completions": "chat", "/completions": "completion"}
 
@@ -46,8 +52,18 @@ ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    # set by `serve`: engine, pair, model_id, model_ids, api_key, defaults, max_tokens, max_body, page, verbose
+    # set by `serve`: engine, pair, model_id, model_ids, api_key, defaults, max_tokens, max_body, page, verbose, gate
     tokenizer_lock = threading.Lock()
+    request_timeout = REQUEST_TIMEOUT
+    spare = None  # a Spare descriptor, set by `serve`
+
+    def get_request(self):
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in FD_ERRORS and self.spare is not None:
+                self.spare.refuse_one(self.socket)  # and a pause: no busy loop at the descriptor limit
+            raise
 
     def handle_error(self, request, client_address):
         """One line on stderr instead of socketserver's traceback; a client that hung up is not an error."""
@@ -67,6 +83,35 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "mlxspec"
     timeout = REQUEST_TIMEOUT
     _streaming = False  # headers of an event stream sent: an error can no longer be a JSON response
+    _deadline = None  # time.monotonic() by which the request being read must have arrived
+    timed_out = False  # the deadline passed with part of a request read
+    _responded = False
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # reads go through the deadline instead
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, self, self.timeout))
+
+    def time_left(self) -> float | None:
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def _disarm(self):
+        """The request is read: back to the plain per-operation socket timeout (for the reply)."""
+        if self._deadline is not None:
+            self._deadline = None
+            self.connection.settimeout(self.timeout)
+
+    def handle_one_request(self):
+        self._deadline = time.monotonic() + self.server.request_timeout
+        self.timed_out = self._responded = False
+        self.requestline, self.request_version = "", "HTTP/1.1"  # for a 408 before the request line is whole
+        super().handle_one_request()
+        if self.timed_out and not self._responded:  # a slow client: one JSON line, then the connection closes
+            self.timed_out = False
+            try:
+                self._error(slow_request(self.server.request_timeout))
+            except OSError:
+                pass
 
     def log_message(self, format, *args):
         if self.server.verbose:
@@ -74,6 +119,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- responses ------------------------------------------------------------
     def _send(self, status: int, body: bytes, ctype: str, close: bool = False):
+        self._disarm()
+        self._responded = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -108,6 +155,11 @@ class Handler(BaseHTTPRequestHandler):
         token = given[7:].strip() if given[:7].lower() == "bearer " else ""
         return hmac.compare_digest(token.encode("utf-8", "replace"), key.encode("utf-8"))
 
+    def _screen(self):
+        """What every request must pass before it is routed (server_guard.py)."""
+        check_framing(self.command, self.headers)
+        self.server.gate.check(self.headers)
+
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):
             raise RequestError("send the body with a Content-Length (chunked uploads are not supported)",
@@ -127,8 +179,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self.rfile.read(n)
         except (socket.timeout, TimeoutError):
-            raise RequestError(f"the request body did not arrive within {REQUEST_TIMEOUT} s", status=408,
-                               code="request_timeout")
+            raise slow_request(self.server.request_timeout)
+        self._disarm()
         if len(body) < n:
             raise RequestError("the request body is shorter than its Content-Length", code="incomplete_body")
         return body
@@ -158,6 +210,11 @@ class Handler(BaseHTTPRequestHandler):
     # -- routes -------------------------------------------------------------------
     def do_GET(self):
         path = urlsplit(self.path).path
+        try:
+            self._screen()
+        except RequestError as e:
+            return self._error(e)
+        self._disarm()
         if path == "/health":
             self._json(200, {"status": "ok", "model": self.server.model_id, **self.server.engine.health()})
         elif path in ("/", "/index.html"):
@@ -175,21 +232,25 @@ class Handler(BaseHTTPRequestHandler):
             self._post()
         except OSError:  # the client hung up
             self.close_connection = True
-        except Exception as e:  # a bug: a one-line 500, never a traceback or a silent hang-up
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a bug (or a panic in the model's Rust code): a one-line 500, never a traceback
             sys.stderr.write(f"mlxspec serve: internal error: {type(e).__name__}: {printable(str(e), 200)}\n")
             self.close_connection = True
-            if not self._streaming:
+            if not self._streaming and not self._responded:
                 self._error(RequestError(f"internal error ({type(e).__name__})", status=500,
                                          code="internal_error", kind="server_error"))
 
     def _post(self):
         path = urlsplit(self.path).path
         try:
+            self._screen()
             kind = ROUTES.get(path)
             if kind is None:
                 raise RequestError(f"no such endpoint: POST {printable(path, 100)}", status=404, code="not_found")
             if not self._authorized():
                 raise unauthorized()
+            check_json_type(self.headers)
             req = parse_request(kind, parse_json(self._body()))
             s = self.server
             if req.model is not None and req.model not in s.model_ids:
@@ -197,8 +258,7 @@ class Handler(BaseHTTPRequestHandler):
                                    f"{s.model_id!r} (GET /v1/models)", param="model", status=404,
                                    code="model_not_found")
             params = sampling_params(s.defaults, req)
-            with s.tokenizer_lock:
-                history = encode(s.pair, req)
+            history = encode_guarded(s.tokenizer_lock, lambda: encode(s.pair, req), s.request_timeout)
             max_tokens = fit_context(len(history), req.max_tokens, s.max_tokens, s.pair.context_length)
             try:
                 s.engine.decoder.check_tokens(history)
@@ -233,7 +293,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._error(RequestError(ev[1], status=500, code="generation_failed", kind="server_error"))
 
     def _stream(self, job: Job, shapes: Shapes, include_usage: bool):
-        self._streaming = True
+        self._disarm()
+        self._streaming = self._responded = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
@@ -257,20 +318,6 @@ class Handler(BaseHTTPRequestHandler):
                 write(SSE_DONE)
 
 
-def unauthorized() -> RequestError:
-    return RequestError("a valid API key is required: send the header 'Authorization: Bearer KEY'",
-                        status=401, code="invalid_api_key", kind="authentication_error")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def chat_page() -> bytes:
     return resources.files("mlxspec").joinpath("static", "chat.html").read_bytes()
 
@@ -284,8 +331,20 @@ def chat_page() -> bytes:
 @max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port.")
-@click.option("--api-key", default=None, envvar="MLXSPEC_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1 (also $MLXSPEC_API_KEY).")
+@click.option("--api-key", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1.  Visible in the process list: prefer "
+                   "$MLXSPEC_API_KEY or --api-key-file, which are not.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the API key from the first line of this file (kept out of the process list).")
+@click.option("--allowed-hosts", metavar="NAMES", default=None,
+              help="Comma-separated host names this server may be reached as, besides localhost, 127.0.0.1, "
+                   "::1 and --host ('*': any; the check stops DNS-rebinding web pages).")
+@click.option("--allowed-origins", metavar="ORIGINS", default=None,
+              help="Comma-separated web origins (http://host:port) whose pages may call this server, besides its "
+                   "own page and loopback pages ('*': any).")
+@click.option("--request-timeout", type=click.IntRange(1, 3600), default=REQUEST_TIMEOUT, show_default=True,
+              help="Seconds a client may take to send a whole request, and the model's chat template and "
+                   "tokenizer to turn it into tokens.")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without --api-key.")
 @click.option("--max-queue", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="Requests that may wait for the device; beyond it: HTTP 429.")
@@ -293,8 +352,8 @@ def chat_page() -> bytes:
               help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
-          draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, insecure, max_queue,
-          max_request_bytes, verbose, **opts):
+          draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, api_key_file,
+          allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, max_request_bytes, verbose, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from .api import make_decoder
     from .loading import load, model_name
@@ -302,6 +361,7 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
 
     if pair_arg and model:
         raise click.UsageError("give a PAIR or --model, not both")
+    api_key = resolve_api_key(api_key, api_key_file)
     if not is_loopback(host) and not api_key and not insecure:
         raise MlxspecError(f"refusing to listen on {printable(host, 100)} without --api-key: anyone who can reach "
                            "this machine could use it; pass --api-key KEY (or --insecure to allow it anyway)")
@@ -325,6 +385,8 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         httpd.model_id = str(spec) if spec else name
         httpd.model_ids = {httpd.model_id, name}
         httpd.api_key, httpd.max_body, httpd.verbose = api_key, max_request_bytes, verbose
+        httpd.gate = Gate(host, httpd.server_address[1], parse_list(allowed_hosts), parse_list(allowed_origins))
+        httpd.request_timeout, httpd.spare = request_timeout, Spare()
         httpd.page = chat_page()
         thread = threading.Thread(target=httpd.serve_forever, name="mlxspec-http", daemon=True)
         thread.start()

@@ -144,7 +144,10 @@ class Engine:
             put(("done", stats, finish, effective))
         except MlxspecError as e:
             self._failed(job, stream, str(e))
-        except Exception as e:  # a bug: the caches may be half-updated; one line to the log, a 500 to the client
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a bug, or a panic in the model's tokenizer (pyo3's PanicException): the caches
+            # may be half-updated; one line to the log, a 500 to the client, and the server goes on
             print(f"mlxspec serve: generation failed: {type(e).__name__}: {printable(str(e), 300)}",
                   file=sys.stderr, flush=True)
             self._failed(job, stream, f"internal error ({type(e).__name__}); the server reset its caches")

@@ -25,10 +25,11 @@ def need_smollm2():
 
 
 class ServerProcess:
-    def __init__(self, cwd, *args, api_key=None):
+    def __init__(self, cwd, *args, api_key=None, extra_env=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE", "MLXSPEC_API_KEY"))}
         env.update(HF_HOME=str(cwd / "hf"), HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error",
                    PYTHONUNBUFFERED="1")
+        env.update(extra_env or {})
         self.api_key = api_key
         extra = ["--api-key", api_key] if api_key else []
         self.stderr_path = cwd / "server.err"
@@ -108,9 +109,9 @@ class ServerProcess:
         assert self.proc.returncode == 130, (self.proc.returncode, err)
 
 
-def start(tmp_path_factory, name, *args, api_key=None) -> ServerProcess:
+def start(tmp_path_factory, name, *args, api_key=None, extra_env=None) -> ServerProcess:
     need_smollm2()
-    return ServerProcess(tmp_path_factory.mktemp(name), *args, api_key=api_key)
+    return ServerProcess(tmp_path_factory.mktemp(name), *args, api_key=api_key, extra_env=extra_env)
 
 
 def error_of(status: int, body, expect_status: int) -> dict:

@@ -106,11 +106,12 @@ def raw(server, data: bytes) -> tuple[int, dict]:
 
 def test_malformed_http_is_a_json_error(server, target):
     before = chat_text(server)
-    status, body = raw(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")  # no Content-Length
+    post = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    status, body = raw(server, post + b"\r\n")  # no Content-Length
     error_of(status, body, 411)
-    status, body = raw(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n")
+    status, body = raw(server, post + b"Content-Length: 99999999999\r\n\r\n")
     error_of(status, body, 413)  # refused from the header, without reading a byte of the body
-    status, body = raw(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
+    status, body = raw(server, post + b"Content-Length: ten\r\n\r\n")
     error_of(status, body, 400)
     status, body = raw(server, b"GARBAGE\r\n\r\n")
     assert body["error"]["code"] == "400"
@@ -152,7 +153,7 @@ def test_disconnect_mid_stream_cancels_within_one_round(server, target):
     server.wait_idle()
     body = json.dumps({"messages": HI, "max_tokens": 400, "stream": True}).encode()
     sock = socket.create_connection((server.host, server.port), timeout=60)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     reader = sock.makefile("rb")
     assert reader.readline().split()[1] == b"200"
