@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -155,6 +156,9 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
     return DRAFTERS[drafter](pair, p_min=p_min, max_kv_size=max_kv_size)
 
 
+_calibrating = threading.Lock()
+
+
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
     """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
     for every drafter): `PerToken`, which drafts token by token while it pays per
@@ -172,8 +176,11 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
         if cap <= 0:
             return FixedK(0)  # --num-draft-max 0: plain decoding
         if cost is None:
-            cost = (calibration_cache.for_decoder(pair, drafter) if pair is not None
-                    else cost_model.assumed(drafter.relative_cost))
+            if pair is not None:
+                with _calibrating:  # threads starting together measure a pair once, not side by side
+                    cost = calibration_cache.for_decoder(pair, drafter)
+            else:
+                cost = cost_model.assumed(drafter.relative_cost)
         from .recurrent import has_recurrent
 
         return PerToken(cost, cap, lookup=getattr(drafter, "proposes_lookup", False),

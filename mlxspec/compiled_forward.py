@@ -37,11 +37,16 @@ whose verify pass scores each position bit for bit as a plain step does.
 Used only where lean layers are (CPU backend, every layer's RoPE a LeanRope),
 for model types tree attention is checked for, with full KV caches;
 MLXSPEC_COMPILED_DRAFT=0 turns it off.
+
+Threads: decoders of one pair share these functions (the table of them under a
+lock); MLX 0.32 keeps each thread's traces apart, and the tables a trace is given
+are seen by that thread only (lean_ops.RopeTables.giving).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import mlx.core as mx
 import numpy as np
@@ -74,10 +79,10 @@ class _Slot:
 def _rope_tables(model):
     """The one RopeTables every layer's LeanRope shares, or None."""
     from .lean_ops import LeanRope
-    from .tree_attention import _layers
+    from .tree_attention import _layers, unwrapped
 
     layers = _layers(model) or []
-    ropes = [getattr(getattr(layer, "self_attn", None), "rope", None) for layer in layers]
+    ropes = [unwrapped(getattr(getattr(layer, "self_attn", None), "rope", None)) for layer in layers]
     if not ropes or not all(type(r) is LeanRope for r in ropes):
         return None
     tables = {id(r._tables): r._tables for r in ropes}
@@ -132,6 +137,7 @@ def _identity(model) -> tuple:
 
 
 _functions: dict = {}  # (identity, capacity) -> (model, compiled function, RoPE tables, head dim), oldest first
+_functions_lock = threading.Lock()  # decoders in several threads share the functions
 
 
 def _function(model, capacity: int) -> tuple:
@@ -142,23 +148,28 @@ def _function(model, capacity: int) -> tuple:
     a long conversation's caches keep growing, and each size's traces would stay."""
     # a module put in place since (int8 layers swapped by a benchmark) makes older traces stale
     key = (_identity(model), capacity, blas_layout.module_changes)
-    entry = _functions.pop(key, None)
-    if entry is None:
-        tables = _rope_tables(model)
-        if tables is None:
-            raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
-
-        def forward(x, cos, sin, at, mask, *kv):  # a new function: MLX keeps traces per function
-            slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
-            with tables.giving(cos, sin):
-                logits = model(x, cache=slots)
-            return [logits] + [a for s in slots for a in (s.keys, s.values)]
-
-        entry = (model, mx.compile(forward), tables, _head_dim(model))  # the model kept: its ids stay its own
-    _functions[key] = entry
-    while len(_functions) > KEPT:
-        del _functions[next(iter(_functions))]
+    with _functions_lock:
+        entry = _functions.pop(key, None)
+        if entry is None:
+            entry = _new_function(model)
+        _functions[key] = entry
+        while len(_functions) > KEPT:
+            del _functions[next(iter(_functions))]
     return entry
+
+
+def _new_function(model) -> tuple:
+    tables = _rope_tables(model)
+    if tables is None:
+        raise RuntimeError("compiled forward: the model's RoPE layers are not lean")
+
+    def forward(x, cos, sin, at, mask, *kv):  # a new function: MLX keeps traces per function
+        slots = [_Slot(kv[i], kv[i + 1], at, mask) for i in range(0, len(kv), 2)]
+        with tables.giving(cos, sin):  # seen by this thread's trace only (lean_ops.RopeTables)
+            logits = model(x, cache=slots)
+        return [logits] + [a for s in slots for a in (s.keys, s.values)]
+
+    return model, mx.compile(forward), tables, _head_dim(model)  # the model kept: its ids stay its own
 
 
 class CompiledForward:

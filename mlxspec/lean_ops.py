@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -63,38 +64,47 @@ def wanted() -> bool:
 
 class RopeTables:
     """Cosines and sines of one RoPE's frequencies for the positions of the current
-    forward, computed once and reused by every layer that asks for the same positions."""
+    forward, computed once and reused by every layer that asks for the same positions.
+    A model shared by threads shares its tables: the last tables made are kept as one
+    (key, value) pair, replaced whole, and `given` is each thread's own."""
 
     def __init__(self, dims: int, base: float, scale: float, traditional: bool):
         self.dims, self.traditional = dims, traditional
         self.inv_freq = scale * base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
-        self._key, self._value = None, None
-        self.given = None  # (C, S) while a compiled forward is traced (compiled_forward.py)
+        self._last = (None, None)  # (key, (C, S)): read and replaced as one
+        self._local = threading.local()  # .given: (C, S) while this thread traces a compiled forward
         self._partners = None  # partner_matrix's P, made once
+
+    @property
+    def given(self):
+        """(C, S) while this thread traces a compiled forward (compiled_forward.py), else None."""
+        return getattr(self._local, "given", None)
 
     @contextlib.contextmanager
     def giving(self, cos: mx.array, sin: mx.array):
         """While open, every LeanRope of these tables rotates by `cos` and `sin`
         ((positions, d) arrays: a compiled forward's inputs), whatever its offset."""
-        self.given = (cos, sin)
+        self._local.given = (cos, sin)
         try:
             yield
         finally:
-            self.given = None
+            self._local.given = None
 
     def partner_matrix(self, d: int) -> mx.array:
         """P (d, d) with x @ P == _partners(x): one signed 1 per column, so each output is
         one of x's values exactly (the other terms are exact zeros; a zero partner may come
         out +0 where the slices give -0).  A compiled forward replays one product instead of
         _partners' two slices, negation and concatenation."""
-        if self._partners is None or self._partners.shape[0] != d:
-            self._partners = mx.array(np.array(_partners(mx.array(np.eye(d, dtype=np.float32)), self.dims,
-                                                         self.traditional)))
-        return self._partners
+        p = self._partners
+        if p is None or p.shape[0] != d:
+            p = self._partners = mx.array(np.array(_partners(mx.array(np.eye(d, dtype=np.float32)), self.dims,
+                                                             self.traditional)))
+        return p
 
     def tables(self, key, positions: np.ndarray, d: int) -> tuple[mx.array, mx.array]:
         """(C, S), each (len(positions), d): cos / sin per rotated feature, 1 / 0 after `dims`."""
-        if key != self._key:
+        last_key, value = self._last
+        if key != last_key:
             angles = positions.astype(np.float64)[:, None] * self.inv_freq[None]
             cos, sin = np.cos(angles), np.sin(angles)
             n = len(positions)
@@ -106,8 +116,9 @@ class RopeTables:
                 h = self.dims // 2
                 c[:, :h], c[:, h:self.dims] = cos, cos
                 s[:, :h], s[:, h:self.dims] = sin, sin
-            self._key, self._value = key, (mx.array(c), mx.array(s))
-        return self._value
+            value = (mx.array(c), mx.array(s))
+            self._last = (key, value)
+        return value
 
 
 class LeanRope(nn.Module):

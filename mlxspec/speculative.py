@@ -14,10 +14,18 @@ One round:
      caches to what the history really is (see cache.py).
 
 Plain decoding is the same loop with k = 0, so comparisons are like for like.
+
+Threads: a decoder holds one generation's caches, so it runs one generation at a
+time -- a second thread's `generate` on a decoder another thread is generating with
+is refused in one line.  Decoders of one loaded pair share only its models, which
+no call patches (tree positions and masks travel with the call: tree_attention.py),
+so any number of threads may each generate with their own decoder
+(`mlxspec.generate` builds one per call; tests/test_threads.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -34,6 +42,29 @@ from .stats import GenerationStats
 from .token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 from .tree_round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
 
+
+
+_thread_end = threading.local()
+
+
+class _ClearStreams:
+    """Dropped when its thread ends: MLX (0.32) gives each thread its own streams and
+    asks that a thread clear them before it ends (`mx.clear_streams`), or the process
+    may abort when it exits ("terminate called without an active exception")."""
+
+    def __del__(self):
+        clear = getattr(mx, "clear_streams", None)
+        if clear is not None:
+            try:
+                clear()
+            except Exception:
+                pass
+
+
+def clear_streams_when_thread_ends() -> None:
+    """Have MLX's streams of the calling thread (not the main one) cleared when it ends."""
+    if threading.current_thread() is not threading.main_thread() and not hasattr(_thread_end, "mark"):
+        _thread_end.mark = _ClearStreams()
 
 
 def check_context(history: list[int], limit: int | None):
@@ -68,6 +99,27 @@ class SpeculativeDecoder:
         self.tree = tree  # None (the default) or True: verify trees where they work; False: chains
         self._tree_for = None  # the (drafter, policy) that tree_note was worked out for
         self.lookup = PromptLookupDrafter()  # in tree rounds, its continuations join the trees
+        self._guard = threading.Lock()
+        self._user: tuple | None = None  # (thread, token) of the generation running now
+
+    def _claim(self) -> object:
+        """Take the decoder for one generation: refused in one line while another live
+        thread's generation holds it (its caches are one conversation's); a generation
+        this thread left unfinished gives way.  The token `_release` wants."""
+        me = threading.current_thread()
+        with self._guard:
+            if self._user is not None and self._user[0] is not me and self._user[0].is_alive():
+                raise MlxspecError(
+                    "this decoder is generating in another thread: give each thread its own decoder or Session "
+                    "(mlxspec.generate(pair, ...) makes one per call), or wait for that generation to end")
+            token = object()
+            self._user = (me, token)
+        return token
+
+    def _release(self, token: object) -> None:
+        with self._guard:
+            if self._user is not None and self._user[1] is token:
+                self._user = None
 
     def use(self, drafter: Drafter, policy) -> None:
         """Draft with `drafter` under `policy` from the next round on (Session and serve swap them
@@ -141,7 +193,17 @@ class SpeculativeDecoder:
                  max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) pairs, appending each token to `history`
-        (a list the caller owns) before it is yielded.  EOS is not yielded."""
+        (a list the caller owns) before it is yielded.  EOS is not yielded.  One
+        generation at a time per decoder (a second thread's is refused); the decoder is
+        free again once this one is exhausted, closed or dropped."""
+        token = self._claim()
+        try:
+            clear_streams_when_thread_ends()
+            yield from self._generate(history, params, max_tokens, eos_token_ids, stats, should_stop)
+        finally:
+            self._release(token)
+
+    def _generate(self, history, params, max_tokens, eos_token_ids, stats, should_stop):
         stats = stats if stats is not None else GenerationStats()
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):

@@ -8,14 +8,19 @@ committed tokens.  Two things make the block a tree instead of a sequence:
 * the positions used by RoPE: a node's position is the prefix length plus its
   depth - 1, whatever its place in the block.
 
-Both are passed through the model's own code, not a re-implementation: during
-the call, the first cache's `make_mask` returns the tree mask (mlx-lm models
-build their mask from `cache[0]`) and each attention layer's `rope` is wrapped
-to rotate by the nodes' positions (the block is moved to the batch axis, where
-`mx.fast.rope` takes one offset per row).  Both are restored when the call
-returns.  Only model types checked by the tests (the logits of every node equal
-those of a chain forward of its root-to-node path) are in `TREE_MODEL_TYPES`;
-other models verify chains, and `tree_support` says why.
+Both are passed through the model's own code, not a re-implementation, and
+both travel with the call, never on the shared model (a loaded pair serves
+several threads at once, tests/test_threads.py): the first of the call's own
+caches -- the ModelState's, no other call's -- returns the tree mask from
+`make_mask` (mlx-lm models build their mask from `cache[0]`), and the nodes'
+positions are set in a context variable, seen only by this thread's call, that
+each attention layer's `TreeRope` reads: a wrapper put around the layer's RoPE
+once per model (`install_ropes`, idempotent, under a lock), which rotates by the
+positions while they are set (the block moved to the batch axis, where
+`mx.fast.rope` takes one offset per row) and otherwise calls the RoPE unchanged.
+Only model types checked by the tests (the logits of every node equal those of a
+chain forward of its root-to-node path) are in `TREE_MODEL_TYPES`; other models
+verify chains, and `tree_support` says why.
 
 A block's positions stay in the KV cache but not in `ModelState.tokens` until
 `commit(path)` gathers the accepted path's keys and values into place and
@@ -24,6 +29,9 @@ the next `sync`, like any position the token list does not name.
 """
 
 from __future__ import annotations
+
+import contextvars
+import threading
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -57,17 +65,44 @@ def tree_support(model) -> str | None:
     return None
 
 
-class _PositionedRope(nn.Module):
-    """A layer's RoPE, rotating row i of the block by `positions[i]`."""
+_POSITIONS: contextvars.ContextVar = contextvars.ContextVar("mlxspec_tree_positions", default=None)
+_INSTALL = threading.Lock()
 
-    def __init__(self, rope, positions: mx.array):
+
+class TreeRope(nn.Module):
+    """A layer's RoPE, put in place once (`install_ropes`): while this thread's tree
+    call has set positions (`_POSITIONS`), row i of the block is rotated by
+    `positions[i]`; otherwise it is the RoPE itself, called unchanged."""
+
+    def __init__(self, rope):
         super().__init__()
         self.inner = rope
-        self._positions = positions
 
     def __call__(self, x, offset=0):
+        positions = _POSITIONS.get()
+        if positions is None:
+            return self.inner(x, offset=offset)
         # (1, H, L, D) -> (L, H, 1, D): mx.fast.rope takes one offset per batch row
-        return self.inner(x.transpose(2, 1, 0, 3), offset=self._positions).transpose(2, 1, 0, 3)
+        return self.inner(x.transpose(2, 1, 0, 3), offset=positions).transpose(2, 1, 0, 3)
+
+
+def unwrapped(rope):
+    """The RoPE a `TreeRope` stands for (any other module as it is)."""
+    return rope.inner if isinstance(rope, TreeRope) else rope
+
+
+def install_ropes(model) -> list:
+    """Every attention layer of `model` with its RoPE wrapped in a TreeRope, once: the
+    wrapper calls the RoPE unchanged outside tree calls, so putting it in place while
+    another thread runs the model changes nothing that thread computes.  The layers'
+    attention modules."""
+    attns = [layer.self_attn for layer in _layers(model)]
+    if not all(isinstance(a.rope, TreeRope) for a in attns):
+        with _INSTALL:
+            for a in attns:
+                if not isinstance(a.rope, TreeRope):
+                    a.rope = TreeRope(a.rope)
+    return attns
 
 
 class TreeBlock:
@@ -140,20 +175,19 @@ class TreeBlock:
         return self.state._call(x)
 
     def _call(self, x, mask, positions):
+        """The model's own forward over the block: the mask from this state's own first
+        cache (no other call's), the positions in this thread's context only."""
         state = self.state
-        attns = [layer.self_attn for layer in _layers(state.model)]
-        ropes = [a.rope for a in attns]
-        first_cache = state.cache[0]
+        install_ropes(state.model)
+        own = state.cache[0]
         state.fed += x.size  # first: an interrupted call is rolled back by the next sync
+        token = _POSITIONS.set(positions)
         try:
-            for a, r in zip(attns, ropes):
-                a.rope = _PositionedRope(r, positions)
-            first_cache.make_mask = lambda *args, **kwargs: mask
+            own.make_mask = lambda *args, **kwargs: mask
             logits = state.model(x.reshape(1, -1), cache=state.cache)[0]
         finally:
-            for a, r in zip(attns, ropes):
-                a.rope = r
-            first_cache.__dict__.pop("make_mask", None)
+            _POSITIONS.reset(token)
+            own.__dict__.pop("make_mask", None)
         state.positions += x.size
         return logits
 

@@ -128,8 +128,9 @@ def test_stale_tables_are_caught(monkeypatch):
     real = RopeTables.tables
 
     def stale(self, key, positions, d):
-        if self._value is not None and self._value[0].shape[0] == len(positions):
-            return self._value
+        value = self._last[1]
+        if value is not None and value[0].shape[0] == len(positions):
+            return value
         return real(self, key, positions, d)
 
     assert _steps_equal_a_chain(model)
