@@ -1,4 +1,4 @@
-"""What storing linear weights transposed for BLAS (mlxspec/blas_layout.py) gains on the CPU backend.
+"""What storing linear weights transposed for BLAS (mlxspec/cpu/blas_layout.py) gains on the CPU backend.
 
     python benchmarks/blas_layout.py                        # binary-search and rust-parse, 3 repeats
     python benchmarks/blas_layout.py --prompts 0 --max-tokens 64
@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import backend, blas_layout  # noqa: E402
+from mlxspec import device as backend
+from mlxspec.cpu import blas_layout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

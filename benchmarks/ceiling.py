@@ -7,7 +7,7 @@ For each prompt it takes the target's greedy output (plain decoding) and the dra
 greedy guess at every position of it, teacher-forced: one draft forward over the prompt
 and the output gives the guesses a chain round makes up to its first rejection (after a
 rejection the loop continues from the target's token, as teacher forcing does).  With
-the pair's calibrated cost model (cost_model.py: a draft step costs c, a verify pass
+the pair's calibrated cost model (costs/cost_model.py: a draft step costs c, a verify pass
 over w positions V(w), in plain target steps) it reports, per prompt:
 
 * `oracle`: the fastest chain schedule with perfect foresight.  Each round drafts
@@ -15,7 +15,7 @@ over w positions V(w), in plain target steps) it reports, per prompt:
   step and no verified position is wasted; dynamic programming over positions gives the
   least predicted time.  No chain policy can beat it.  (Its rounds are charged no
   re-feed of a round's last draft, so it stays an upper bound.)
-* `auto`, `k=K`: the real draft-length policies (draft_length.py) played on the same
+* `auto`, `k=K`: the real draft-length policies (costs/draft_length.py) played on the same
   outcomes, chains, with the draft's confidence at each position.  Positions after a
   round's first rejection use the teacher-forced confidence (the draft's own
   continuation there is not computed): only the number of draft steps paid depends on it.
@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlxspec  # noqa: E402  (preloads OpenBLAS before mlx.core)
 import mlx.core as mx  # noqa: E402
 
-from mlxspec import calibration_cache, draft_length  # noqa: E402
+from mlxspec.costs import calibration as calibration_cache, draft_length  # noqa: E402
 from mlxspec.api import make_drafter  # noqa: E402
-from mlxspec.bench import encode, load_suite, select_prompts  # noqa: E402
-from mlxspec.cost_model import CostModel  # noqa: E402
+from mlxspec.commands.bench import encode, load_suite, select_prompts  # noqa: E402
+from mlxspec.costs.cost_model import CostModel  # noqa: E402
 
 CAP = draft_length.DEFAULT_MAX_K
 

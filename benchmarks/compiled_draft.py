@@ -1,4 +1,4 @@
-"""What compiling the draft's forwards (mlxspec/compiled_forward.py) gains.
+"""What compiling the draft's forwards (mlxspec/cpu/compiled_forward.py) gains.
 
     python benchmarks/compiled_draft.py                     # the code suite, 64 tokens, 3 repeats
     python benchmarks/compiled_draft.py --suite chat --prompts 0 --max-tokens 48
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import compiled_forward  # noqa: E402
+from mlxspec.cpu import compiled_forward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import arguments, contender_comparison, variant_contenders  # noqa: E402

@@ -1,5 +1,5 @@
-"""What 4-bit draft weights (MLXSPEC_DRAFT_BITS=4, mlxspec/draft_gemm4.c) gain over the default
-int8 ones (draft_gemm.c).
+"""What 4-bit draft weights (MLXSPEC_DRAFT_BITS=4, mlxspec/cpu/draft_gemm4.c) gain over the default
+int8 ones (cpu/draft_gemm.c).
 
     python benchmarks/draft_bits.py                  # the code suite, 64 tokens, 3 repeats
     python benchmarks/draft_bits.py --agreement      # how often each draft's first choice is the target's token
@@ -28,7 +28,8 @@ import mlxspec  # noqa: E402  (sets up the MLX backend first)
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mlxspec import draft_weights, loading, packed_weights  # noqa: E402
+from mlxspec.cpu import draft_weights, packed_weights
+from mlxspec.models import loading  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import ROOT, arguments, contender_comparison, spread  # noqa: E402
@@ -52,7 +53,7 @@ def four_bit_pair(pair):
 
 
 def contenders(pair4) -> dict:
-    from mlxspec.bench_contenders import MlxspecContender, make_contender
+    from mlxspec.commands.bench.contenders import MlxspecContender, make_contender
 
     class On(MlxspecContender):  # runs on the 4-bit pair whatever pair it is given
         def run(self, pair, ids, **kw):

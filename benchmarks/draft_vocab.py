@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import mlxspec
-from mlxspec import calibration_cache, cost_model
+from mlxspec.costs import calibration as calibration_cache, cost_model
 from mlxspec.api import make_decoder, make_drafter
-from mlxspec.bench import encode, load_suite, select_prompts
-from mlxspec.sampling import SamplingParams
-from mlxspec.stats import GenerationStats
+from mlxspec.commands.bench import encode, load_suite, select_prompts
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.stats import GenerationStats
 
 
 def run(pair, ids, drafter, num_draft, vocab, max_tokens):

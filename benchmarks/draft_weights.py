@@ -1,4 +1,4 @@
-"""What int8 draft weights (mlxspec/draft_weights.py) gain on the CPU backend.
+"""What int8 draft weights (mlxspec/cpu/draft_weights.py) gain on the CPU backend.
 
     python benchmarks/draft_weights.py                      # 3 code prompts, 48 tokens, 3 repeats
     python benchmarks/draft_weights.py --prompts 0 --max-tokens 64
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 import numpy as np  # noqa: E402
-from mlxspec import draft_weights  # noqa: E402
-from mlxspec.packed_weights import PackedLinear  # noqa: E402
+from mlxspec.cpu import draft_weights  # noqa: E402
+from mlxspec.cpu.packed_weights import PackedLinear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import mlxspec  # noqa: F401  (preloads OpenBLAS before mlx.core)
 from mlxspec.api import encode_prompt, make_decoder
-from mlxspec.backend import describe
-from mlxspec.sampling import SamplingParams
-from mlxspec.stats import GenerationStats
+from mlxspec.device import describe
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.core.stats import GenerationStats
 
 CODE_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping closed intervals "
                "given as a list of (start, end) tuples and returns them sorted. Include a docstring and a few "

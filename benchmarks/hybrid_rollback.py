@@ -12,7 +12,7 @@ figure is the median with its range:
 1. rounds of k drafts (--k), by where the first rejection falls.  A round with j
    drafts kept, then one rejected, rolls the recurrent layers back to the
    checkpoint before its pass, so the NEXT pass also feeds the j + 1 tokens the
-   round produced (recurrent.py).  Timed: the verify pass, plus the next pass,
+   round produced (core/recurrent.py).  Timed: the verify pass, plus the next pass,
    against a fully accepted round (j = k) and a plain step; and the alternative
    mechanism, an eager extra pass over the j + 1 tokens right after the rejection.
 2. speculation with a drafter whose acceptance is set: an oracle that knows the
@@ -46,14 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlxspec  # noqa: E402,F401  (sets up the MLX backend first)
 import mlx.core as mx  # noqa: E402
 
-from mlxspec.cache import ModelState  # noqa: E402
-from mlxspec.cost_model import (calibrate, expected_refed, merge_limit, predicted_speedup,  # noqa: E402
-                                 refeed_cost)
-from mlxspec.draft_length import FixedK, PerToken, Round  # noqa: E402
-from mlxspec.recurrent import state_arrays  # noqa: E402
-from mlxspec.drafters import Drafter, Proposal  # noqa: E402
-from mlxspec.speculative import SpeculativeDecoder  # noqa: E402
-from mlxspec.stats import GenerationStats  # noqa: E402
+from mlxspec.core.cache import ModelState  # noqa: E402
+from mlxspec.costs.cost_model import calibrate, expected_refed, merge_limit, predicted_speedup, refeed_cost
+from mlxspec.costs.draft_length import FixedK, PerToken, Round  # noqa: E402
+from mlxspec.core.recurrent import state_arrays  # noqa: E402
+from mlxspec.drafting.drafters import Drafter, Proposal  # noqa: E402
+from mlxspec.decoder import SpeculativeDecoder  # noqa: E402
+from mlxspec.core.stats import GenerationStats  # noqa: E402
 
 LAYOUTS = {
     # Qwen3.5-0.8B's text model (config.json text_config), vocabulary included
@@ -317,7 +316,7 @@ def main(argv=None):
 
 
 def backend_name() -> str:
-    from mlxspec.backend import describe
+    from mlxspec.device import describe
 
     return describe()
 

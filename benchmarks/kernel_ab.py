@@ -1,17 +1,17 @@
-"""Two builds of the small-batch kernel (mlxspec/small_gemm.c, draft_gemm.c) side by side.
+"""Two builds of the small-batch kernel (mlxspec/cpu/small_gemm.c, cpu/draft_gemm.c) side by side.
 
     python benchmarks/kernel_ab.py                  # HEAD's sources against the working tree's
     python benchmarks/kernel_ab.py --base 548dfd1 --rows 1,2,4,5,8 --repeats 9
-    python benchmarks/kernel_ab.py --format i8      # the int8 draft products (draft_gemm.c)
+    python benchmarks/kernel_ab.py --format i8      # the int8 draft products (cpu/draft_gemm.c)
 
 Both revisions' sources are compiled with the flags the package uses (and OpenMP
-for a revision from before thread_pool.c) and loaded into one process (RTLD_LOCAL,
+for a revision from before cpu/thread_pool.c) and loaded into one process (RTLD_LOCAL,
 so neither replaces MLX's BLAS).  Each repeat
 multiplies 1..N activation rows by layers of a model's MLP weights (random
 values, the real shapes; about 650 MB, more than the caches keep, as in a real
 step) through each build's `cblas_sgemm` in turn, interleaved: with --format f16
 (the default) the default target's, packed as float16 column blocks; with
---format i8 the default draft's, as int8 blocks (draft_weights.py).  Reported is
+--format i8 the default draft's, as int8 blocks (cpu/draft_weights.py).  Reported is
 the median time per row count and build, and the ratio.  Matmuls only:
 whole-model effects are measured by the side-by-side benchmarks.  Needs a C
 compiler and numpy; no model.
@@ -34,19 +34,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxspec import small_gemm  # noqa: E402  (does not import mlx)
+from mlxspec.cpu import kernel as small_gemm  # noqa: E402  (does not import mlx)
 
 ROW_MAJOR, NO_TRANS = 101, 111
 SHAPES = {"f16": [(1536, 8960), (1536, 8960), (8960, 1536)],  # the default target's gate, up, down (in, out)
           "i8": [(896, 4864), (896, 4864), (4864, 896)]}  # the default draft's
 ALPHA_BITS = {"f16": 0x7E5A3C02, "i8": 0x7E5A3C04}  # packed_weights.ALPHA_BITS (that module imports mlx)
-SHRINK = {"f16": 2, "i8": 4}  # a packed B travels as float32: A as (s M, K/s), C as (s M, N) (packed_weights.py)
+SHRINK = {"f16": 2, "i8": 4}  # a packed B travels as float32: A as (s M, K/s), C as (s M, N) (cpu/packed_weights.py)
 BETA = {"f16": 0.0, "i8": 1.0}  # an int8 call multiplies the product by C (the scales), with beta 1
 IDLE_S = 0.02  # both builds' worker threads spin ~1 ms after a product, then sleep
 LAYERS = {"f16": 8, "i8": 48}  # ~650 MB of weights either way: more than the caches keep between repeats
 
 
-KERNEL_FILES = ("small_gemm.c", "draft_gemm.c", "draft_gemm4.c", "thread_pool.c", "thread_pool.h")
+KERNEL_FILES = ("cpu/small_gemm.c", "cpu/draft_gemm.c", "cpu/draft_gemm4.c", "cpu/thread_pool.c", "thread_pool.h")
 
 
 def sources_at(rev: str | None) -> dict[str, str]:
@@ -59,14 +59,14 @@ def sources_at(rev: str | None) -> dict[str, str]:
         r = subprocess.run(["git", "show", f"{rev}:mlxspec/{n}"], cwd=ROOT, capture_output=True, text=True)
         if r.returncode == 0:
             out[n] = r.stdout
-    if "small_gemm.c" not in out:
+    if "cpu/small_gemm.c" not in out:
         raise SystemExit(f"kernel_ab: no kernel sources at {rev!r}")
     return out
 
 
 def build(files: dict[str, str], folder: Path) -> ctypes.CDLL:
     """The kernel library from `files` (sources_at), with the package's flags (and OpenMP for
-    a revision whose loops were OpenMP's, before thread_pool.c)."""
+    a revision whose loops were OpenMP's, before cpu/thread_pool.c)."""
     folder.mkdir()
     for name, text in files.items():
         (folder / name).write_text(text)
@@ -90,7 +90,7 @@ def packed_f16(w: np.ndarray, nb: int = 64) -> np.ndarray:
 
 
 def packed_i8(w: np.ndarray, nb: int = 64) -> np.ndarray:
-    """(K, N) int8 -> draft_gemm.c's blocks (draft_weights.to_blocks for N a multiple of nb)."""
+    """(K, N) int8 -> cpu/draft_gemm.c's blocks (draft_weights.to_blocks for N a multiple of nb)."""
     K, N = w.shape
     u = (w.T.astype(np.int16) + 128).astype(np.uint8)
     return u.reshape(N // nb, nb, K // 4, 4).transpose(0, 2, 1, 3).reshape(-1)

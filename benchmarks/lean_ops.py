@@ -1,4 +1,4 @@
-"""What lean layers (mlxspec/lean_ops.py) gain on the CPU backend.
+"""What lean layers (mlxspec/cpu/layers.py) gain on the CPU backend.
 
     python benchmarks/lean_ops.py                     # 3 code prompts, 48 tokens, 3 repeats
     python benchmarks/lean_ops.py --prompts 0 --max-tokens 64
@@ -24,7 +24,7 @@ os.environ["MLXSPEC_LEAN"] = "0"  # load with mlx-lm's modules; the lean copies 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import lean_ops  # noqa: E402
+from mlxspec.cpu import layers as lean_ops  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import arguments, swap, swapped_comparison  # noqa: E402

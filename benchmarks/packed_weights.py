@@ -1,10 +1,10 @@
-"""What packed weights (mlxspec/packed_weights.py) gain on the CPU backend.
+"""What packed weights (mlxspec/cpu/packed_weights.py) gain on the CPU backend.
 
     python benchmarks/packed_weights.py                     # 3 code prompts, 48 tokens, 3 repeats
     python benchmarks/packed_weights.py --prompts 0 --max-tokens 64
 
 One process, the default pair loaded once, unpacked (MLXSPEC_PACKED=0: the
-float32 BLAS layout of blas_layout.py, through the small-batch kernel), and a
+float32 BLAS layout of cpu/blas_layout.py, through the small-batch kernel), and a
 packed copy of every linear layer made from it (16 bits where exact); the
 layers are swapped per run.  Five contenders run interleaved on each prompt,
 warm, in a rotating order per repeat: plain decoding and the default unpacked,
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 import numpy as np  # noqa: E402
-from mlxspec import packed_weights  # noqa: E402
-from mlxspec.blas_layout import TransposedLinear  # noqa: E402
+from mlxspec.cpu import packed_weights  # noqa: E402
+from mlxspec.cpu.blas_layout import TransposedLinear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -5,14 +5,14 @@
 
 Each contender generates greedily on each prompt of the suite with the default pair
 (a fresh decoder, as `mlxspec bench` does), and every forward of a round is priced by
-the pair's calibrated cost model (cost_model.py): a target pass over w positions
-V(w), a draft forward over w positions its calibrated cost (as tree_budget.py prices draft
+the pair's calibrated cost model (costs/cost_model.py): a target pass over w positions
+V(w), a draft forward over w positions its calibrated cost (as trees/budget.py prices draft
 widths); prefill is not counted.  The predicted speed-up is tokens over that price
 (plain decoding costs 1 per token).  Greedy outputs and the rules' decisions are
 deterministic, so two rules compare without timing noise -- on the cost model's
 figures, which `mlxspec bench` then checks against the clock.  Contenders: trees and
 chains, each with the bar min(R, E/T) (as shipped) and with the round's own E/T
-("round bar", draft_length.py).  Needs the pair pulled.
+("round bar", costs/draft_length.py).  Needs the pair pulled.
 
     python benchmarks/priced_rounds.py --contenders trees,chains --decide a.json --decide b.json --price c.json
 
@@ -31,7 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import cache, calibration_cache, monotone_costs, tree_attention  # noqa: E402
+from mlxspec.core import cache
+from mlxspec.costs import calibration as calibration_cache, verify_curve as monotone_costs
+from mlxspec.trees import attention as tree_attention  # noqa: E402
 from mlxspec.api import encode_prompt, make_decoder, stream_generate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -37,8 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 import mlx.core as mx  # noqa: E402
-from mlxspec import api, cache, speculative, tree_attention, tree_drafter  # noqa: E402
-from mlxspec.stats import GenerationStats  # noqa: E402
+from mlxspec import api, decoder as speculative
+from mlxspec.core import cache
+from mlxspec.trees import attention as tree_attention, drafter as tree_drafter  # noqa: E402
+from mlxspec.core.stats import GenerationStats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import arguments, chosen_prompts  # noqa: E402

@@ -4,7 +4,7 @@
     python benchmarks/run.py --suite code,grounded --max-tokens 64 --out results/
     python benchmarks/run.py --quick
 
-The runner lives in mlxspec/bench.py (so `mlxspec bench` works after pip
+The runner lives in mlxspec/commands/bench.py and mlxspec/bench/ (so `mlxspec bench` works after pip
 install); the prompt suites are the JSON files in benchmarks/suites/.
 """
 
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import mlxspec  # noqa: E402,F401  (preloads OpenBLAS before mlx.core)
-from mlxspec.bench import main  # noqa: E402
+from mlxspec.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    main(["bench", *sys.argv[1:]])

@@ -1,5 +1,5 @@
-"""What the side-by-side benchmark scripts (blas_layout.py, padded_passes.py, small_gemm.py,
-packed_weights.py, lean_ops.py, compiled_draft.py, draft_bits.py, ...) share: a spread of run-by-run figures, the interleaved loop over
+"""What the side-by-side benchmark scripts (cpu/blas_layout.py, padded_passes.py, cpu/kernel.py,
+cpu/packed_weights.py, cpu/layers.py, compiled_draft.py, draft_bits.py, ...) share: a spread of run-by-run figures, the interleaved loop over
 prompts and repeats, and writing and printing their summary."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def finish(out: dict, path: Path, per_pass: dict | None = None) -> int:
 
 def swap(model, modules: dict, which: bool) -> None:
     """Put module `pair[which]` at each path of `modules` ({path: (module, module)}) in `model`."""
-    from mlxspec.blas_layout import put_module
+    from mlxspec.cpu.blas_layout import put_module
 
     for path, pair in modules.items():
         put_module(model, path, pair[which])
@@ -118,7 +118,7 @@ def variant_contenders(label: str, tweak) -> dict:
     """Plain, the default (trees) and chains, and trees and chains as "trees <label>" and
     "chains <label>", whose decoders are built by `tweak(build)` (`build()` makes the
     stock decoder; the tweak may set things up around it or change what it returns)."""
-    from mlxspec.bench_contenders import MlxspecContender, make_contender
+    from mlxspec.commands.bench.contenders import MlxspecContender, make_contender
 
     class Tweaked(MlxspecContender):
         def decoder(self, pair):
@@ -151,9 +151,9 @@ def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders
     """Run `contenders` ({name: (contender spec, which)}) interleaved on the chosen prompts,
     with module `which` of `modules` ({"target"|"draft": {path: (module, module)}}) put in
     the pair's models for each run; write, print and return as `finish` does."""
-    from mlxspec import backend
+    from mlxspec import device as backend
     from mlxspec.api import encode_prompt
-    from mlxspec.bench_contenders import make_contender
+    from mlxspec.commands.bench.contenders import make_contender
 
     prompts = chosen_prompts(args)
     made = {name: (make_contender(spec), which) for name, (spec, which) in contenders.items()}
@@ -176,7 +176,7 @@ def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders
 def report(args: argparse.Namespace, prompts: list[dict], pair, names: list[str], run, ratios: list[str]) -> int:
     """`interleave` the contenders `names` greedily over `prompts` (chat-templated), then
     `finish` with the command, backend and settings; the exit status."""
-    from mlxspec import backend
+    from mlxspec import device as backend
     from mlxspec.api import encode_prompt
 
     summary = interleave(prompts, names, run, lambda text: encode_prompt(pair.tokenizer, text, chat_template=True),

@@ -1,4 +1,4 @@
-"""What the small-batch matmul kernel (mlxspec/small_gemm.py) gains on the CPU backend.
+"""What the small-batch matmul kernel (mlxspec/cpu/kernel.py) gains on the CPU backend.
 
     python benchmarks/small_gemm.py                         # 3 code prompts, 48 tokens, 3 repeats
     python benchmarks/small_gemm.py --prompts 0 --max-tokens 64
@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-from mlxspec import small_gemm  # noqa: E402
-from mlxspec.bench_contenders import make_contender  # noqa: E402
+from mlxspec.cpu import kernel as small_gemm  # noqa: E402
+from mlxspec.commands.bench.contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

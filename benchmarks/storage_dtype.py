@@ -38,7 +38,10 @@ import mlxspec  # noqa: E402,F401  (sets up the MLX backend first)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlxspec import gguf, loading, tempfiles, weights  # noqa: E402
+from mlxspec.models.gguf import convert as gguf
+from mlxspec.models import loading
+from mlxspec.util import tempfiles
+from mlxspec.models.pinned import fetch as weights  # noqa: E402
 
 PROMPT = "def binary_search(items, target):\n    \"\"\"Return the index of target in sorted items, or -1.\"\"\"\n"
 

@@ -3,15 +3,15 @@
 Each model is recorded with its parameter count (from its safetensors) and the
 config numbers that size it, so estimates need no network.  Drafts share the
 target's tokenizer (same family and generation; embedding padding such as
-Qwen2.5 151,936 vs 152,064 rows is tolerated by mlxspec.compat).  The figures
-use the same mlxspec.memory functions as `mlxspec convert`.
+Qwen2.5 151,936 vs 152,064 rows is tolerated by mlxspec.models.tokenizer_compat).  The figures
+use the same mlxspec.models.memory functions as `mlxspec convert`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxspec import memory
+from mlxspec.models import memory
 
 
 def _cfg(model_type, hidden, ffn, layers, heads, kv, vocab, tied, head_dim=None):
@@ -79,7 +79,7 @@ PAIRS = [
     ("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"),
     ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
     ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"),
-    # hybrid (gated delta-net) targets: rollback through state checkpoints (mlxspec/recurrent.py)
+    # hybrid (gated delta-net) targets: rollback through state checkpoints (mlxspec/core/recurrent.py)
     *[(f"Qwen/Qwen3.5-{s}", "Qwen/Qwen3.5-0.8B") for s in ("4B", "9B", "27B")],
 ]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mlxspec import memory
-from mlxspec.options import typed
+from mlxspec.models import memory
+from mlxspec.commands.options import typed
 
 from . import catalog
 from .convert import DEFAULT_CONTEXT, QUANTIZE_CHOICES, convert_pair
@@ -37,7 +37,7 @@ def convert(target, draft, output, quantize, context, budget, revision, draft_re
 @click.option("--budget", type=typed("budget"), default=None, help="Memory budget in GiB [default: this device's usable memory].")
 def pairs(context, budget):
     """Known-good draft/target pairs, their memory needs, and whether they fit here."""
-    from mlxspec.backend import describe
+    from mlxspec.device import describe
 
     rows, usable, source = catalog.estimates(context, budget)
     click.echo(f"Known-good pairs; memory for both models plus KV caches at a {context}-token context.")

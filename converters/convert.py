@@ -1,7 +1,7 @@
 """`mlxspec convert`: a target/draft pair from the Hub -> one pair folder.
 
 1. resolve both repos to commits; fetch configs and tokenizer files only;
-   refuse an incompatible pair (mlxspec.compat: llama.cpp's rules, padding tolerant);
+   refuse an incompatible pair (mlxspec.models.tokenizer_compat: llama.cpp's rules, padding tolerant);
 2. budget memory from the safetensors headers (range requests, no tensor bytes)
    plus both KV caches; refuse before any weight is downloaded when over budget;
    check free disk space for the download and the output;
@@ -21,9 +21,12 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlxspec import memory, tempfiles, untrusted, vocab_subset
+from mlxspec.models import memory
+from mlxspec.util import tempfiles, untrusted
+from mlxspec.drafting import vocab_subset
 from mlxspec.errors import MlxspecError, write_failure
-from mlxspec.untrusted import printable, read_json
+from mlxspec.util.untrusted import printable, read_json
+from mlxspec.models.model_files import load_tokenizer as load_tokenizer_safely
 
 from . import hub
 
@@ -37,7 +40,7 @@ NOT_COPIED = {"config.json", hub.INDEX_FILE}
 
 def default_quantize() -> tuple[str, str]:
     """(choice, why): 4-bit on Metal, none on the CPU backend (float32 compute)."""
-    from mlxspec.backend import is_gpu
+    from mlxspec.device import is_gpu
 
     if is_gpu():
         return "4", "default on Metal"
@@ -58,7 +61,7 @@ def default_output(target: str, draft: str) -> Path:
 
 
 def read_config(r: hub.Repo, snapshot: Path) -> dict:
-    from mlxspec.model_files import CONFIG_MAX_BYTES
+    from mlxspec.models.model_files import CONFIG_MAX_BYTES
 
     config = read_json(snapshot / "config.json", f"{r.repo}/config.json", CONFIG_MAX_BYTES)
     memory.check_config(config, f"{r.repo}/config.json")
@@ -93,11 +96,11 @@ def source_bits(r: hub.Repo, config: dict) -> int | None:
 
 def load_tokenizer(r: hub.Repo, snapshot: Path, config: dict):
     """mlx-lm's tokenizer wrapper from a folder of tokenizer and config files (no custom code)."""
-    return untrusted.load_tokenizer(snapshot, config.get("eos_token_id"), f"the tokenizer of {r.repo}", label=r.repo)
+    return load_tokenizer_safely(snapshot, config.get("eos_token_id"), f"the tokenizer of {r.repo}", label=r.repo)
 
 
 def check_pair(target: hub.Repo, draft: hub.Repo, tsnap: Path, dsnap: Path, tcfg: dict, dcfg: dict):
-    from mlxspec.compat import check_tokenizers
+    from mlxspec.models.tokenizer_compat import check_tokenizers
 
     ttok = load_tokenizer(target, tsnap, tcfg)
     dtok = load_tokenizer(draft, dsnap, dcfg)
@@ -192,7 +195,7 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
                  context: int = DEFAULT_CONTEXT, budget_gb: float | None = None, revision: str | None = None,
                  draft_revision: str | None = None, log=print) -> Path:
     """The whole pipeline; returns the pair folder.  Raises MlxspecError (one line) on any refusal."""
-    from mlxspec.backend import describe, is_gpu
+    from mlxspec.device import describe, is_gpu
 
     if context <= 0:
         raise MlxspecError(f"--context must be positive, got {context}")
@@ -263,7 +266,7 @@ def convert_pair(target: str, draft: str, out: str | Path | None = None, quantiz
                 convert_model(snap, tmp / label, None if b else bits)
             label = str(tbits) if tbits and tbits == dbits else quantize  # pre-quantised sources keep their bits
             (tmp / "pair.json").write_text(json.dumps(manifest(tr, dr, label, comp, budget), indent=2) + "\n")
-            # the draft head's token frequencies (vocab_subset.py), so the pair needs no counting later
+            # the draft head's token frequencies (drafting/vocab_subset.py), so the pair needs no counting later
             vocab_subset.write_table(vocab_subset.cached_table(dtok, say=log), tmp / vocab_subset.FILE_NAME)
             if out.exists():
                 raise MlxspecError(f"{out} appeared while converting; the new pair was not written")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxspec.errors import MlxspecError
-from mlxspec.untrusted import read_json
+from mlxspec.util.untrusted import read_json
 
 META_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -288,7 +288,7 @@ def safetensors_header(r: Repo, name: str) -> dict:
     (the 8-byte length, then the header), so no tensor byte crosses the
     network.  (`HfApi.get_safetensors_metadata` asks for the first 100 kB,
     which for small files is the tensor data too.)"""
-    from mlxspec.memory import check_header_length, parse_header, read_local_header
+    from mlxspec.models.memory import check_header_length, parse_header, read_local_header
 
     local = r.offline_dir / name if r.offline_dir is not None else cached_path(r, name)
     if local is not None and Path(local).is_file():

@@ -17,14 +17,15 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from .draft_length import FixedK
-from .drafters import DRAFTERS, Drafter, ModelDrafter
+from .costs.draft_length import FixedK
+from .drafting.drafters import DRAFTERS, Drafter, ModelDrafter
 from .errors import MlxspecError
-from .options import check_all, check_drafter
-from .sampling import SamplingParams
-from .speculative import SpeculativeDecoder, check_context
-from .stats import GenerationStats
-from .token_ids import validate_token_ids
+from .core.options import check_all
+from .drafting.registry import check_drafter
+from .core.sampling import SamplingParams
+from .decoder import SpeculativeDecoder, check_context
+from .core.stats import GenerationStats
+from .core.token_ids import validate_token_ids
 
 
 @dataclass
@@ -67,7 +68,7 @@ def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool):
 def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None) -> list[int]:
     """A str (raw text, or chat-templated if chat_template=True), a list of chat
     messages ({"role", "content"} dicts, always templated), or token ids (ints,
-    0 <= id < `vocab_size` when given: see token_ids.py)."""
+    0 <= id < `vocab_size` when given: see core/token_ids.py)."""
     if isinstance(prompt, str):
         if chat_template and getattr(tokenizer, "chat_template", None):
             return apply_chat_template(tokenizer, [{"role": "user", "content": prompt}], tokenize=True)
@@ -92,11 +93,11 @@ def parameter_count(model) -> int:
 
 
 def make_subset(pair, size) -> object | None:
-    """The draft's pruned head (vocab_subset.py) for `size`: an int N, 'full'/0 (off)
+    """The draft's pruned head (drafting/vocab_subset.py) for `size`: an int N, 'full'/0 (off)
     or None (the default N, when the vocabulary is larger than it and the model's
     head can be pruned; otherwise the full head)."""
-    from . import vocab_subset
-    from .token_ids import model_vocab_rows
+    from .drafting import vocab_subset
+    from .core.token_ids import model_vocab_rows
 
     if size in ("full", 0):
         return None
@@ -133,7 +134,7 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
     lookup, then the draft model), 'lookup' (prompt lookup), 'layerskip'
     (self-speculation), 'none', or a Drafter (used as it is).  `draft_vocab`: the draft
     head's vocabulary subset size (None: the default; 'full': the whole vocabulary).
-    `max_kv_size`: bound a draft model's KV cache as the target's (kv_window.py)."""
+    `max_kv_size`: bound a draft model's KV cache as the target's (core/kv_window.py)."""
     if isinstance(drafter, Drafter):
         return drafter
     check_all(p_min=p_min, draft_vocab=draft_vocab, max_kv_size=max_kv_size)
@@ -147,12 +148,12 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
         d = ModelDrafter(pair.draft, p_min=p_min, subset=make_subset(pair, draft_vocab), max_kv_size=max_kv_size)
         d.relative_cost = parameter_count(pair.draft) / parameter_count(pair.target)
         if drafter == "hybrid":
-            from .drafters import PromptLookupDrafter
-            from .hybrid import HybridDrafter
+            from .drafting.drafters import PromptLookupDrafter
+            from .drafting.hybrid import HybridDrafter
 
             return HybridDrafter(PromptLookupDrafter(), d)
         return d
-    check_drafter(drafter)  # the CLI's rule (options.py): "unknown drafter ...: choose one of ..."
+    check_drafter(drafter)  # the CLI's rule (core/options.py): "unknown drafter ...: choose one of ..."
     return DRAFTERS[drafter](pair, p_min=p_min, max_kv_size=max_kv_size)
 
 
@@ -162,11 +163,11 @@ _calibrating = threading.Lock()
 def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
     """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
     for every drafter): `PerToken`, which drafts token by token while it pays per
-    the pair's calibrated cost model (cost_model.py; measured once and cached), up
+    the pair's calibrated cost model (costs/cost_model.py; measured once and cached), up
     to `num_draft_max` tokens, and falls back to plain decoding when drafting is
     predicted not to pay.  `cost`: a CostModel to use instead of the calibrated one."""
-    from . import calibration_cache, cost_model
-    from .draft_length import DEFAULT_MAX_K, PerToken
+    from .costs import calibration as calibration_cache, cost_model
+    from .costs.draft_length import DEFAULT_MAX_K, PerToken
 
     check_all(num_draft=num_draft, num_draft_max=num_draft_max)  # Session's settings too
     if not drafter.max_k:
@@ -181,7 +182,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
                     cost = calibration_cache.for_decoder(pair, drafter)
             else:
                 cost = cost_model.assumed(drafter.relative_cost)
-        from .recurrent import has_recurrent
+        from .core.recurrent import has_recurrent
 
         return PerToken(cost, cap, lookup=getattr(drafter, "proposes_lookup", False),
                         model=getattr(drafter, "uses_draft_model", False),
@@ -193,10 +194,10 @@ def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draf
                  num_draft_max=None, cost=None, tree: bool | None = None,
                  max_kv_size: int | None = None) -> SpeculativeDecoder:
     """`tree`: None (the default) verifies draft trees where the pair supports them
-    (tree_round.py; their size follows the cost model, so they stay chains where
+    (trees/round.py; their size follows the cost model, so they stay chains where
     width does not pay), False verifies chains.  `max_kv_size`: bound the target's
     and the draft's KV caches to that many positions (mlx-lm's --max-kv-size: the
-    first 4 and the latest ones; kv_window.py); the context limit stays the model's."""
+    first 4 and the latest ones; core/kv_window.py); the context limit stays the model's."""
     check_all(max_kv_size=max_kv_size)
     d = make_drafter(pair, drafter, p_min, draft_vocab, max_kv_size)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
@@ -206,7 +207,7 @@ def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draf
 
 def _target_name(pair) -> str:
     try:
-        from .loading import model_name
+        from .models.loading import model_name
 
         return f"the target model {model_name(pair.target_path, pair.target_config)!r}"
     except Exception:
@@ -278,7 +279,7 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     repetition_penalty, repetition_context_size, seed.  `tree`, `max_kv_size`: see
     make_decoder (a `decoder` given keeps its own)."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
-              draft_vocab=draft_vocab, max_kv_size=max_kv_size)  # options.py's rules, as the CLI's: one line
+              draft_vocab=draft_vocab, max_kv_size=max_kv_size)  # core/options.py's rules, as the CLI's: one line
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,

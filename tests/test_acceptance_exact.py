@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec import acceptance
-from mlxspec.acceptance import acceptance_probability, residual, verify
-from mlxspec.sampling import SamplingParams, process_logits
+from mlxspec.core import acceptance
+from mlxspec.core.acceptance import acceptance_probability, residual, verify
+from mlxspec.core.sampling import SamplingParams, process_logits
 from stats_util import chi_square
 
 V = 7

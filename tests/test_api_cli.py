@@ -9,7 +9,7 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec.compat import check_tokenizers
+from mlxspec.models.tokenizer_compat import check_tokenizers
 
 CLI = [sys.executable, "-m", "mlxspec.cli"]
 
@@ -150,7 +150,7 @@ def test_missing_model():
 
 
 def test_ssm_model_speculates_exactly(tmp_path):
-    """A state-space model rolls back through state checkpoints (recurrent.py); a cache
+    """A state-space model rolls back through state checkpoints (core/recurrent.py); a cache
     that cannot roll back is refused in one line (tests/test_hybrid_cli.py)."""
     cfg = {"model_type": "mamba", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
            "state_size": 4, "num_hidden_layers": 1, "conv_kernel": 4, "use_bias": False,
@@ -181,7 +181,7 @@ def test_padding_tolerated_other_rules_enforced():
 BAD_IDS_SCRIPT = r"""
 import json, sys
 import mlxspec
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.decoder import SpeculativeDecoder
 
 pair = mlxspec.load(*sys.argv[2:])
 def attempt(label, run):
@@ -225,7 +225,7 @@ def test_out_of_range_token_ids_are_refused_not_a_crash(tiny_pair_dirs):
 
 
 def test_padded_vocabularies_take_the_smaller_table(tmp_path):
-    """compat.py allows embedding tables padded past the tokenizer: an id must have
+    """models/tokenizer_compat.py allows embedding tables padded past the tokenizer: an id must have
     a row in the target AND the draft (here the draft has 428 rows, the target 300,
     and the other way round)."""
     small = tiny_models.save_model_dir(tmp_path / "small", "qwen2", vocab_size=300)
@@ -261,7 +261,7 @@ def test_token_ids_must_be_ints(tiny_pair, ids, message):
 
 @pytest.mark.real
 def test_out_of_range_token_ids_on_smollm2():
-    from mlxspec import weights
+    from mlxspec.models.pinned import fetch as weights
 
     if not weights.is_present("smollm2-135m"):
         pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlxspec import bench
+from mlxspec.commands import bench
 from mlxspec.errors import MlxspecError
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "suites"
@@ -264,8 +264,8 @@ def test_quick_advice_follows_the_cost_model_and_the_per_token_rule(tiny_pair_di
     """A controlled cost ratio: the draft is the target itself (its greedy drafts are kept;
     its weights not rounded to int8) and the costs are given, so the advice is decided by them alone."""
     import mlxspec
-    from mlxspec import draft_weights
-    from mlxspec.cost_model import CostModel
+    from mlxspec.cpu import draft_weights
+    from mlxspec.costs.cost_model import CostModel
 
     monkeypatch.setenv(draft_weights.ENV, "0")
 
@@ -291,7 +291,7 @@ def test_quick_advice_follows_the_cost_model_and_the_per_token_rule(tiny_pair_di
 
 
 def test_policy_round_stops_where_the_rate_peaks():
-    from mlxspec.cost_model import CostModel
+    from mlxspec.costs.cost_model import CostModel
 
     flat = CostModel(0.2, [1.0] * 8)
     # acceptance falls with position: 0.9, then 0.9*0.5, then 0.9*0.5*0.1 (cumulative)
@@ -328,7 +328,7 @@ def test_quick_predicts_the_tokens_per_pass_that_bench_measures(middling_pair_di
     prompt per suite (its old defaults) the acceptance by position came from a handful
     of rounds and missed by up to a third."""
     import mlxspec
-    from mlxspec.bench_contenders import MlxspecContender
+    from mlxspec.commands.bench.contenders import MlxspecContender
 
     target, draft = middling_pair_dirs
     result = CliRunner().invoke(bench.bench, ["--model", str(target), "--draft", str(draft), "--suite",

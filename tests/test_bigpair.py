@@ -4,8 +4,8 @@ needs `mlxspec pull`, ~1.6 GB, and several minutes on a CPU)."""
 import pytest
 
 import mlxspec
-from mlxspec.compat import check_tokenizers
-from mlxspec.loading import load_model_dir, resolve_model_dir
+from mlxspec.models.tokenizer_compat import check_tokenizers
+from mlxspec.models.loading import load_model_dir, resolve_model_dir
 
 pytestmark = pytest.mark.bigpair
 

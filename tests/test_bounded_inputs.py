@@ -15,10 +15,14 @@ import pytest
 
 import mlxspec
 from cli_util import assert_refused, run_cli
-from mlxspec import calibration_cache, cost_model, gguf, loading, memory, vocab_subset, weights
+from mlxspec.costs import calibration as calibration_cache, cost_model
+from mlxspec.models.gguf import convert as gguf
+from mlxspec.models import loading, memory
+from mlxspec.drafting import vocab_subset
+from mlxspec.models.pinned import fetch as weights
 from mlxspec.converters import convert, hub
 from mlxspec.errors import MlxspecError
-from mlxspec.session import Session
+from mlxspec.session.session.session import Session
 
 DEEP = "[" * 100_000
 
@@ -76,7 +80,7 @@ def test_deep_small_readers_give_up_quietly(tmp_path, monkeypatch):
     (tmp_path / "conv" / "config.json").write_text(DEEP)
     assert gguf.cached_format(tmp_path / "conv") is None
     (tmp_path / "suite.json").write_text(DEEP)
-    from mlxspec.bench_prompts import load_suite
+    from mlxspec.commands.bench.prompts import load_suite
 
     with pytest.raises(MlxspecError, match="suite .* is nested too deeply"):
         load_suite(str(tmp_path / "suite.json"))
@@ -130,7 +134,7 @@ def test_cli_deep_config_is_one_line(tiny_pair_dirs, tmp_path):
 
 def _session_file(tmp_path, model, draft=None):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"format": "mlxspec.session", "version": 1, "model": model, "draft_model": draft,
+    path.write_text(json.dumps({"format": "mlxspec.session.session", "version": 1, "model": model, "draft_model": draft,
                                 "messages": [{"role": "user", "content": "hi"}]}))
     return path
 

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 import drafter_models
 import tiny_models
-from mlxspec.cache import ModelState
-from mlxspec.draft_length import FixedK
-from mlxspec.drafters import LayerSkipDrafter, ModelDrafter
-from mlxspec.sampling import SamplingParams
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core.cache import ModelState
+from mlxspec.costs.draft_length import FixedK
+from mlxspec.drafting.drafters import LayerSkipDrafter, ModelDrafter
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.decoder import SpeculativeDecoder
 
 CFG = tiny_models.config_for("qwen2")
 TARGET = tiny_models.build(CFG, seed=21, scale=3.0)
@@ -81,7 +81,7 @@ def test_all_accepted_round_feeds_the_drafts_last_token():
     drafter = ModelDrafter(DRAFTS[0.0])
     dec = SpeculativeDecoder(TARGET, drafter, FixedK(3))
     history = [7, 8, 9]
-    from mlxspec.stats import GenerationStats
+    from mlxspec.core.stats import GenerationStats
 
     stats = GenerationStats()
     list(dec.generate(history, max_tokens=12, stats=stats))
@@ -105,7 +105,7 @@ def test_stopping_mid_round_leaves_consistent_caches():
 
 def test_cancel_during_a_long_prefill():
     """A cancel flag set before generation stops the prompt prefill at the next chunk."""
-    from mlxspec import cache
+    from mlxspec.core import cache
 
     dec = SpeculativeDecoder(TARGET, ModelDrafter(DRAFTS[0.01]), FixedK(3))
     history = [5 + i % 290 for i in range(3 * cache.PREFILL_STEP)]

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import mlxspec
-from mlxspec.cache import ModelState
-from mlxspec import cost_model
+from mlxspec.core.cache import ModelState
+from mlxspec.costs import cost_model
 from mlxspec.api import make_decoder
 
 

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from bench_util import load_benchmark
-from mlxspec import draft_length
-from mlxspec.cost_model import CostModel
+from mlxspec.costs import draft_length
+from mlxspec.costs.cost_model import CostModel
 
 # this machine's calibration of the default pair (format 2), rounded
 CM = CostModel(draft_step=0.31, verify=[1.0, 1.16, 1.32, 1.49, 1.5, 1.52, 1.52, 1.52, 1.66, 1.81, 1.97, 2.12])

@@ -11,8 +11,8 @@ import pytest
 
 import mlxspec
 from mlxspec.api import encode_prompt
-from mlxspec.session import Session
-from mlxspec.session_options import NO_TEMPLATE_SYSTEM
+from mlxspec.session.session.session import Session
+from mlxspec.session.session.settings import NO_TEMPLATE_SYSTEM
 from test_api_cli import run_cli
 
 
@@ -86,7 +86,7 @@ class BosTokenizer:
 
 
 def test_the_first_raw_message_gets_bos_where_generate_would():
-    from mlxspec import session_prompt
+    from mlxspec.session.session import prompt as session_prompt
 
     text, ids = session_prompt.raw(BosTokenizer(), "hi", [], "")
     assert ids[0] == 1 and text == "<s>hi"  # the text spells what the ids hold (session files check that)

@@ -2,10 +2,10 @@
 session without drafts shows no tokens-per-pass figure."""
 
 import mlxspec
-from mlxspec.chat import reply_summary
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import PerToken
-from mlxspec.session import Session
+from mlxspec.commands.chat import reply_summary
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.session.session.session import Session
 
 
 def test_reply_summary_says_when_drafting_fell_back(tiny_pair):

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import tiny_models as tm
 from cli_util import assert_refused, run_cli
 from hub_server import HubServer
-from mlxspec import memory
+from mlxspec.models import memory
 from mlxspec.converters import catalog
 from mlxspec.converters.cli import pairs as pairs_cmd
 from mlxspec.errors import MlxspecError
@@ -88,8 +88,8 @@ def test_compatible_pair_converts_then_generates_and_reconverts_offline(fresh, t
         assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
             p.name for p in (out / sub).iterdir()}
     # the draft head's token frequency table, made for the draft's tokenizer
-    from mlxspec import vocab_subset
-    from mlxspec.untrusted import load_tokenizer
+    from mlxspec.drafting import vocab_subset
+    from mlxspec.models.model_files import load_tokenizer
 
     table = json.loads((out / vocab_subset.FILE_NAME).read_text())
     assert "stdlib" in table["corpus"] and table["ranked"]

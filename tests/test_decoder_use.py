@@ -1,17 +1,17 @@
 """`SpeculativeDecoder.use`: the one way Session and serve swap the drafter and policy.
 
 What a swap must carry along besides the two objects: the target's merge limit for
-re-fed positions on a recurrent target (recurrent.py), which comes from the policy's
+re-fed positions on a recurrent target (core/recurrent.py), which comes from the policy's
 cost model; a decoder built plain and switched on later (Session's way) used to keep
 the default limit."""
 
 import tiny_hybrid
-from mlxspec.cache import MERGE_LIMIT
-from mlxspec.cost_model import CostModel, merge_limit
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import Drafter, ModelDrafter
-from mlxspec.session_drafting import Drafting
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core.cache import MERGE_LIMIT
+from mlxspec.costs.cost_model import CostModel, merge_limit
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import Drafter, ModelDrafter
+from mlxspec.session.session.drafting import Drafting
+from mlxspec.decoder import SpeculativeDecoder
 
 
 def steep():

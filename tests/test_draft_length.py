@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 import tiny_models
-from mlxspec.cost_model import CostModel, assumed
-from mlxspec.draft_length import FixedK, PerToken, Round
-from mlxspec.tree_budget import TreeBudget
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.costs.cost_model import CostModel, assumed
+from mlxspec.costs.draft_length import FixedK, PerToken, Round
+from mlxspec.trees.budget import TreeBudget
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 from policy_util import Text, costs, uniform
 
 
@@ -173,7 +173,7 @@ def test_fallback_in_the_real_loop_counts_tokens_by_mode_and_stays_lossless():
 def stepped(draft_step):
     """A verify curve like this machine's calibration on 2026-12-01: positions 3-4 dear,
     5-8 free (1.0, 1.11, 1.30, 1.49, 1.49, 1.49, 1.49, 1.49, then +0.03 a position)."""
-    from mlxspec.cost_model import CostModel
+    from mlxspec.costs.cost_model import CostModel
 
     return CostModel(draft_step, [1.0, 1.11, 1.30, 1.49, 1.49, 1.49, 1.49, 1.49] + [1.49 + 0.03 * i for i in range(1, 10)])
 
@@ -194,7 +194,7 @@ def test_the_rule_looks_past_dear_positions_to_cheaper_ones():
 
 
 def test_with_a_horizon_of_one_the_rule_is_the_marginal_one():
-    from mlxspec.draft_length import pays_ahead
+    from mlxspec.costs.draft_length import pays_ahead
 
     rng = np.random.default_rng(0)
     for _ in range(2000):

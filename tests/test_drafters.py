@@ -11,12 +11,12 @@ import drafter_models
 import mlxspec
 import tiny_models
 from mlxspec.api import make_decoder, make_drafter, make_policy
-from mlxspec.cache import ModelState
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import EMPTY, LayerSkipDrafter, LayerSkipModel, PromptLookupDrafter, skip_layout
-from mlxspec.sampling import SamplingParams
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.core.cache import ModelState
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import EMPTY, LayerSkipDrafter, LayerSkipModel, PromptLookupDrafter, skip_layout
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 
 GREEDY = SamplingParams()
 

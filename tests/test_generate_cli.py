@@ -188,7 +188,7 @@ def test_ctrl_c_during_compare(chatty):
 
 @pytest.mark.real
 def test_ctrl_c_during_a_long_prefill():
-    from mlxspec import weights
+    from mlxspec.models.pinned import fetch as weights
 
     if not weights.is_present("smollm2-135m"):
         pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2)")
@@ -236,7 +236,7 @@ def test_compare_warms_up_repeats_and_gives_the_spread(tiny_pair_dirs):
 
 
 def test_noise_verdict():
-    from mlxspec.bench_compare import spread_verdict
+    from mlxspec.commands.bench.compare import spread_verdict
 
     assert spread_verdict([1.5, 1.6, 1.4]) == {"speedup": 1.5, "min": 1.4, "max": 1.6, "repeats": 3,
                                                 "within_noise": False}

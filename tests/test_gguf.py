@@ -1,9 +1,9 @@
-"""mlxspec.gguf: GGUF -> mlx-lm model folders.
+"""mlxspec.models.gguf.convert: GGUF -> mlx-lm model folders.
 
 Fast tests write tiny GGUF files here (from random mlx-lm models, laid out the way
 llama.cpp's converter lays them out: Q/K permuted for llama, norms stored as 1+w
 for Gemma 3) and check that the converted model computes the same logits as the
-original.  `real` tests use SmolLM2-135M (fetched with mlxspec.weights).
+original.  `real` tests use SmolLM2-135M (fetched with mlxspec.models.pinned.fetch).
 """
 
 import json
@@ -24,13 +24,15 @@ from mlx_lm.utils import load as mlx_lm_load
 
 import tiny_models
 from cli_util import assert_refused, file_size_limit, run_cli
-from mlxspec import gguf, gguf_storage, loading, weights
-from mlxspec.backend import compute_dtype
+from mlxspec.models.gguf import convert as gguf, storage as gguf_storage
+from mlxspec.models import loading
+from mlxspec.models.pinned import fetch as weights
+from mlxspec.device import compute_dtype
 from mlxspec.errors import MlxspecError
 
 # ---------------------------------------------------------------- tiny GGUF files
 
-# mlx-lm name -> llama.cpp name, written out independently of mlxspec.gguf's tables.
+# mlx-lm name -> llama.cpp name, written out independently of mlxspec.models.gguf.convert's tables.
 TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 LAYER = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -456,7 +458,7 @@ def test_escape_sequences_in_the_name_never_reach_the_terminal(tmp_path, home):
     assert f"[{shown} (GGUF, " in res.stderr and "; no draft model;" in res.stderr
     assert not any(c in res.stderr for c in "\x1b\x07\r\u202e")
     # a folder converted before names were escaped, or any other config naming the model
-    from mlxspec.loading import model_name
+    from mlxspec.models.loading import model_name
 
     assert model_name(folder, {"mlxspec": {"general.name": "\x1b[2Jwiped"}}) == "\\x1b[2Jwiped"
     assert model_name(tmp_path / "dir\x1b[1mname", {}) == "dir\\x1b[1mname"

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 import drafter_models
 import tiny_models
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 
 NEAR_TIE = 1e-4
 MAX_TOKENS = 24

@@ -7,11 +7,11 @@ and the test has power: a rollback that does not restore the recurrent state
 import pytest
 
 import tiny_hybrid
-from mlxspec.draft_length import FixedK
-from mlxspec.drafters import ModelDrafter, PromptLookupDrafter
-from mlxspec.sampling import SamplingParams
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.costs.draft_length import FixedK
+from mlxspec.drafting.drafters import ModelDrafter, PromptLookupDrafter
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 from stats_util import chi_square
 from test_hybrid_equality import break_rollback
 from test_sequence_distribution import LENGTH, PROMPT, V, exact_sequence_probs

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 import drafter_models
 import tiny_hybrid
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import ModelDrafter, PromptLookupDrafter
-from mlxspec.recurrent import Checkpoints
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import ModelDrafter, PromptLookupDrafter
+from mlxspec.core.recurrent import Checkpoints
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 from test_greedy_equality import MAX_TOKENS, assert_same_or_near_tie, plain
 
 PAIRS = tiny_hybrid.pairs()
@@ -104,7 +104,7 @@ def test_a_rollback_that_does_not_restore_the_state_is_caught(name):
 @pytest.mark.parametrize("name,keep", [("qwen3_5+qwen2", [1, 2, 3]), ("lfm2+lfm2", [0, 1, 3]), ("lfm2+lfm2", [0, 2])])
 def test_layer_skip_on_a_hybrid_target(name, keep):
     """Self-speculation with recurrent layers skipped (their state stays empty) or kept."""
-    from mlxspec.drafters import LayerSkipDrafter
+    from mlxspec.drafting.drafters import LayerSkipDrafter
     from test_hybrid_rollback import assert_state_is_fresh_prefill
 
     target = PAIRS[name][0]

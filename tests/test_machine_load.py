@@ -1,5 +1,5 @@
 """A calibration taken while other programs keep the machine busy is not cached
-(mlxspec/machine_load.py): its prices are off, and a cached one would mis-size every
+(mlxspec/costs/machine_load.py): its prices are off, and a cached one would mis-size every
 later run.  The load here is real: processes spinning on every core."""
 
 import json
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mlxspec import cost_model, machine_load
+from mlxspec.costs import cost_model, machine_load
 from mlxspec.api import make_decoder
 from mlxspec.errors import MlxspecError
 

@@ -17,15 +17,15 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 import drafter_models
 import mlxspec
 import tiny_models
-from mlxspec import recurrent
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
-from mlxspec.kv_window import WindowKVCache
-from mlxspec.options import MIN_KV_SIZE, RULES
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
-from mlxspec.tree_round import BOUNDED_CACHE
+from mlxspec.core import recurrent
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from mlxspec.core.kv_window import WindowKVCache
+from mlxspec.core.options import MIN_KV_SIZE, RULES
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
+from mlxspec.trees.round import BOUNDED_CACHE
 
 PROMPT = [5, 17, 33, 80, 91, 120, 7, 9]
 TOKENS = 90  # with N = 21..24: the window wraps four or five times
@@ -144,7 +144,7 @@ def test_mlx_lm_generate_step_with_max_kv_size_is_the_reference():
 
 def test_a_long_prompt_prefilled_in_chunks_equals_mlx_lm(monkeypatch):
     """A prompt longer than the window, fed in chunks (a multi-position pass from the start)."""
-    from mlxspec import cache
+    from mlxspec.core import cache
 
     monkeypatch.setattr(cache, "PREFILL_STEP", 7)
     target, draft = models("qwen2")
@@ -212,7 +212,7 @@ def test_trees_verify_chains_with_a_note(tree):
 def test_session_second_turn_after_the_window_wrapped(tiny_pair):
     """The second turn reuses the cached conversation (only the new message, plus what
     the last round's rollback re-feeds) and still gives mlx-lm's output."""
-    from mlxspec.session import Session
+    from mlxspec.session.session.session import Session
 
     size, eos, target = MIN_KV_SIZE, set(tiny_pair.eos_token_ids), tiny_pair.target
     s = Session(tiny_pair, max_kv_size=size, max_tokens=60, num_draft=3)
@@ -233,7 +233,7 @@ def test_session_second_turn_after_the_window_wrapped(tiny_pair):
 
 @pytest.mark.parametrize("value", [0, -3, MIN_KV_SIZE - 1, 1.5, "many"])
 def test_api_and_session_refuse_a_bad_max_kv_size(tiny_pair, value):
-    from mlxspec.session import Session
+    from mlxspec.session.session.session import Session
 
     rule = RULES["max_kv_size"].describe()
     for call in (lambda: mlxspec.generate(tiny_pair, "hi", max_kv_size=value),
@@ -271,7 +271,7 @@ def test_generate_with_max_kv_size_on_smollm2_equals_mlx_lm():
     bounds its attention layers all the same) against mlx-lm's token-by-token decoding."""
     import json
 
-    from mlxspec import weights
+    from mlxspec.models.pinned import fetch as weights
     from test_api_cli import run_cli
 
     if not weights.is_present("smollm2-135m"):

@@ -40,9 +40,9 @@ def test_piped_chat_prints_no_prompts(tiny_pair_dirs):
 
 
 def test_a_bare_decoder_drafts_with_auto_as_the_api_does(tiny_pair):
-    from mlxspec.draft_length import PerToken
-    from mlxspec.drafters import ModelDrafter
-    from mlxspec.speculative import SpeculativeDecoder
+    from mlxspec.costs.draft_length import PerToken
+    from mlxspec.drafting.drafters import ModelDrafter
+    from mlxspec.decoder import SpeculativeDecoder
 
     dec = SpeculativeDecoder(tiny_pair.target, ModelDrafter(tiny_pair.draft))
     assert isinstance(dec.policy, PerToken)

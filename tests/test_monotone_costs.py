@@ -1,5 +1,5 @@
 """Verify costs that never fall with width where the small-batch kernel runs the
-products (monotone_costs.py): a dip in a calibration is noise there, and must not be
+products (costs/verify_curve.py): a dip in a calibration is noise there, and must not be
 a price (padding 2-position passes to 3, a free third position for a sibling)."""
 
 from types import SimpleNamespace
@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mlxspec import calibration_cache, small_gemm
-from mlxspec.cost_model import CostModel
-from mlxspec.drafters import ModelDrafter
-from mlxspec.monotone_costs import as_used, isotonic, monotone
+from mlxspec.costs import calibration as calibration_cache
+from mlxspec.cpu import kernel as small_gemm
+from mlxspec.costs.cost_model import CostModel
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.costs.verify_curve import as_used, isotonic, monotone
 
 # the EPYC's cached calibration of stop 39 (format 6), first ten widths: 3 positions "cheaper" than 2
 EPYC = [1.0, 1.08, 1.0, 1.19, 1.3, 1.41, 1.57, 1.74, 1.94, 2.14]

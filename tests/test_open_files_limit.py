@@ -1,6 +1,6 @@
 """mlx-lm sets the open-files limit to (2048, 4096) when it is imported; under a hard limit
 below 4096 that raised ValueError and every command that loads a model crashed
-(open_files_limit.py). Now the soft limit is raised only as far as the hard one allows,
+(util/open_files_limit.py). Now the soft limit is raised only as far as the hard one allows,
 and neither is ever lowered."""
 
 import ctypes

@@ -1,6 +1,6 @@
 """Bad option values (issue 13, items 1, 6 and 9): every one refused while the command line
 is parsed -- before anything is loaded -- as one line with exit 2, in the same words the
-Python API raises (options.py)."""
+Python API raises (core/options.py)."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import mlxspec
-from mlxspec.options import RULES, BadValue, check
+from mlxspec.core.options import RULES, BadValue, check
 
 NOWHERE = "/nonexistent/model"  # loading it would fail with exit 1, "model not found"
 
@@ -67,7 +67,7 @@ def test_bad_value_is_a_one_line_usage_error_before_loading(argv, option, rule):
     line = usage_error(run_cli(*argv))
     assert option in line, line  # the error names the option
     assert NOWHERE not in line and "not found" not in line  # nothing was loaded
-    if rule is not None:  # the CLI's words are the API's: the rule of options.py
+    if rule is not None:  # the CLI's words are the API's: the rule of core/options.py
         assert RULES[rule].describe() in line, line
 
 
@@ -98,7 +98,7 @@ def test_api_refuses_bad_values_in_one_line(tiny_pair, kwargs, name):
 @pytest.mark.parametrize("kwargs, name", [({"num_draft": 20}, "num_draft"), ({"p_min": -0.5}, "p_min"),
                                           ({"temp": -1}, "temp")])
 def test_session_refuses_bad_values_when_made(tiny_pair, kwargs, name):
-    from mlxspec.session import Session
+    from mlxspec.session.session.session import Session
 
     with pytest.raises(mlxspec.MlxspecError) as e:
         Session(tiny_pair, **kwargs)
@@ -120,7 +120,7 @@ def test_rules_as_plain_functions():
 
 
 def test_chat_num_draft_help_says_auto_not_four():
-    from mlxspec.chat import chat
+    from mlxspec.commands.chat import chat
 
     out = CliRunner().invoke(chat, ["--help"]).output
     assert "(default 4)" not in out and "'auto' (the default)" in " ".join(out.split())

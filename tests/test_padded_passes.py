@@ -13,13 +13,13 @@ from hypothesis import given, settings, strategies as st
 import test_cache_rollback as cr
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
-from mlxspec import calibration_cache, cost_model
-from mlxspec.cache import ModelState
-from mlxspec.cost_model import CostModel, assumed, from_times
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.tree_attention import TreeBlock
+from mlxspec.costs import calibration as calibration_cache, cost_model
+from mlxspec.core.cache import ModelState
+from mlxspec.costs.cost_model import CostModel, assumed, from_times
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.trees.attention import TreeBlock
 from stats_util import chi_square
 from test_tree_attention import chain_logits, path_to, tree_case
 

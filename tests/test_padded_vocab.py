@@ -14,11 +14,14 @@ import pytest
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
 import tiny_models
-from mlxspec import cache, drafters, kernel_ops, token_ids, tree_attention
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core import cache, token_ids
+from mlxspec.drafting import drafters
+from mlxspec.cpu import kernel_ops
+from mlxspec.trees import attention as tree_attention
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
 from stats_util import chi_square
 
 

@@ -6,12 +6,13 @@ import pytest
 
 import test_greedy_equality as ge
 from bench_util import load_benchmark
-from mlxspec import cache, tree_attention
-from mlxspec.cost_model import CostModel
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
+from mlxspec.core import cache
+from mlxspec.trees import attention as tree_attention
+from mlxspec.costs.cost_model import CostModel
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
 
 
 def originals():

@@ -1,4 +1,4 @@
-"""Folders mlxspec or MLX load code from are this user's alone (private_dirs.py): the
+"""Folders mlxspec or MLX load code from are this user's alone (util/private_dirs.py): the
 mlxspec home is made 0700, a folder someone else could write is refused with one line,
 and MLX's CPU kernel cache ($TMPDIR/mlx) never lands in a shared temp folder such as
 /tmp, where another user could have made `mlx` first and planted libraries in it."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec import private_dirs
+from mlxspec.util import private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILE = ("import mlxspec, os, mlx.core as mx\n"

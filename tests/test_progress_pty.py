@@ -1,4 +1,4 @@
-"""Progress bars on stderr (mlxspec/progress.py): drawn on a real terminal (a pty),
+"""Progress bars on stderr (mlxspec/util/progress.py): drawn on a real terminal (a pty),
 absent when stderr is a pipe; and a Ctrl-C while a long chat message is being
 processed drops that message from the conversation."""
 

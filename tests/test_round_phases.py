@@ -6,11 +6,13 @@ import pytest
 
 import test_greedy_equality as ge
 from bench_util import load_benchmark
-from mlxspec import cache, speculative, tree_attention, tree_drafter, tree_round
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core import cache
+from mlxspec import decoder as speculative
+from mlxspec.trees import attention as tree_attention, drafter as tree_drafter, round as tree_round
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import tiny_models
-from mlxspec import acceptance
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import FixedK, PerToken
-from mlxspec.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
-from mlxspec.hybrid import HybridDrafter
-from mlxspec.vocab_subset import SubsetHead
-from mlxspec.sampling import SamplingParams, process_logits
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.core import acceptance
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import FixedK, PerToken
+from mlxspec.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from mlxspec.drafting.hybrid import HybridDrafter
+from mlxspec.drafting.vocab_subset import SubsetHead
+from mlxspec.core.sampling import SamplingParams, process_logits
+from mlxspec.decoder import SpeculativeDecoder
 from stats_util import chi_square
 
 # Each path runs at the sample count at which the broken control guarding it still fails
@@ -73,7 +73,7 @@ def sample_sequences(target, draft, params, k=2, samples=SAMPLES, prompt=PROMPT)
     counts, accepted = {}, 0
     for i in range(samples):
         p = SamplingParams(**{**params.to_dict(), "seed": 1000 + i})
-        from mlxspec.stats import GenerationStats
+        from mlxspec.core.stats import GenerationStats
 
         s = GenerationStats()
         seq = tuple(t for t, _ in dec.generate(list(prompt), p, max_tokens=LENGTH, stats=s))
@@ -174,7 +174,7 @@ def test_chi_square_fails_when_the_pruned_q_is_not_renormalised(models, monkeypa
     """The pruned head's q must be the distribution over the subset the token was
     drawn from; reporting the full-vocabulary softmax restricted to the subset
     (not renormalised) instead is biased, and the same test must catch it."""
-    from mlxspec import drafters
+    from mlxspec.drafting import drafters
 
     target, draft = models
     probs = exact_sequence_probs(target, OTHER_PARAMS)
@@ -203,7 +203,7 @@ def test_chi_square_fails_when_drafting_stops_on_the_drawn_tokens_own_probabilit
     token is drawn), never at q(x) of the drawn x: refusing x because q(x) is low
     proposes x from q truncated to likely tokens, and the output is biased.  This
     is the bug the rule must not have; the same test catches it."""
-    from mlxspec import drafters
+    from mlxspec.drafting import drafters
 
     target, draft = models
     probs = exact_sequence_probs(target, OTHER_PARAMS)

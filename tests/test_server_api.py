@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from mlxspec import api
-from mlxspec.cache import common_prefix
+from mlxspec.core.cache import common_prefix
 
 from cli_util import run_cli
 from server_process import MODEL, SMOLLM2, error_of, start, target  # noqa: F401 (target: a fixture)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 import mlxspec
-from mlxspec import api, cost_model
-from mlxspec.sampling import SamplingParams
-from mlxspec.server_engine import Engine, Job
+from mlxspec import api
+from mlxspec.costs import cost_model
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.server.http.engine import Engine, Job
 
 from server_process import MODEL, need_smollm2
 

@@ -1,4 +1,4 @@
-"""`mlxspec serve` against web pages, slow clients and crafted models (server_guard.py):
+"""`mlxspec serve` against web pages, slow clients and crafted models (server/guard.py):
 a foreign Host (DNS rebinding), a foreign Origin or a non-JSON POST (a page's no-preflight
 `text/plain` form) is refused before anything runs; the server's own page still works;
 ambiguous framing (two Content-Lengths, a GET with a body) is refused; a request must

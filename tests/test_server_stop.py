@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec.server_stream import StopMatcher
+from mlxspec.server.http.responses import StopMatcher
 
 
 def run(pieces, stops):

@@ -8,7 +8,7 @@ import pytest
 
 import mlxspec
 from mlxspec.errors import MlxspecError
-from mlxspec.session import ContextFullError, Session
+from mlxspec.session.session.session import ContextFullError, Session
 
 
 def consume(stream):
@@ -194,7 +194,7 @@ def test_save_json(tiny_pair, tmp_path):
     s.send("b")
     path = s.save(tmp_path / "chat" / "conv.json")
     data = json.loads(path.read_text())
-    assert data["format"] == "mlxspec.session"
+    assert data["format"] == "mlxspec.session.session"
     assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     assert data["messages"][0]["content"] == "sys" and data["messages"][3]["content"] == "b"
     assert data["settings"]["sampling"]["temp"] == 0.7 and data["settings"]["draft"] is True

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlxspec.errors import MlxspecError
-from mlxspec.session import Session
+from mlxspec.session.session.session import Session
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_tampered_field_is_refused_naming_it(saved, tmp_path, mutate, field, wor
     (b"{not json", "is not JSON (Expecting property name enclosed in double quotes at line 1, column 2)"),
     (b"", "is not JSON"),
     (b"[1, 2, 3]", "holds a JSON list, not a session"),
-    (b"\"mlxspec.session\"", "holds a JSON string, not a session"),
+    (b"\"mlxspec.session.session\"", "holds a JSON string, not a session"),
     (b"null", "holds a JSON null, not a session"),
     (b"\xff\xfe{}", "is not UTF-8 text"),
 ], ids=["not-json", "empty", "json-list", "json-string", "json-null", "not-utf8"])
@@ -158,7 +158,7 @@ def test_valid_round_trip_and_minimal_file(saved, tmp_path):
     list(nxt)
     assert nxt.prompt_tokens[:len(s.tokens)] == s.tokens
     # a hand-written file with only the required fields
-    minimal = {"format": "mlxspec.session", "version": 1, "model": data["model"],
+    minimal = {"format": "mlxspec.session.session", "version": 1, "model": data["model"],
                "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     path.write_text(json.dumps(minimal))
     m = Session.load(path, pair)
@@ -189,7 +189,7 @@ def test_smollm2_sessions_round_trip_and_tampering_is_caught(tmp_path):
     """A real tokenizer (GPT-2 style BPE, multi-byte text, a reply cut short): what
     save() writes loads back; one swapped token does not."""
     import mlxspec
-    from mlxspec import weights
+    from mlxspec.models.pinned import fetch as weights
 
     if not weights.is_present("smollm2-135m"):
         pytest.skip("SmolLM2-135M is not in the cache (mlxspec pull smollm2)")

@@ -1,4 +1,4 @@
-"""mlxspec.tempfiles: temps named after their process; only those of dead processes are removed."""
+"""mlxspec.util.tempfiles: temps named after their process; only those of dead processes are removed."""
 
 import os
 import signal
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from mlxspec import tempfiles, weights
+from mlxspec.util import tempfiles
+from mlxspec.models.pinned import fetch as weights
 
 
 def dead_pid() -> int:
@@ -127,7 +128,7 @@ def test_a_running_conversion_keeps_its_temp_when_another_process_sweeps(tmp_pat
     gguf = weights.ensure("smollm2-135m")  # the shared cache
     home = tmp_path / "home"
     env = {**os.environ, "MLXSPEC_HOME": str(home), "TRANSFORMERS_VERBOSITY": "error"}
-    code = f"from mlxspec.gguf import convert; convert({str(gguf)!r}, progress=False)"
+    code = f"from mlxspec.models.gguf.convert import convert; convert({str(gguf)!r}, progress=False)"
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 120

@@ -15,10 +15,10 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec.cache import ModelState
+from mlxspec.core.cache import ModelState
 from mlxspec.errors import MlxspecError
-from mlxspec.session import Session
-from mlxspec.tree_attention import TreeBlock, _layers
+from mlxspec.session.session.session import Session
+from mlxspec.trees.attention import TreeBlock, _layers
 
 PROMPTS = ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41", "w5 w6 w7 w8")
 KINDS = ({"tree": None}, {"tree": False}, {"tree": None, "drafter": "hybrid"})
@@ -145,7 +145,7 @@ def test_a_tree_call_in_one_thread_leaves_another_threads_forward_alone():
 
 
 def test_rope_tables_given_in_one_thread_only():
-    from mlxspec.lean_ops import RopeTables
+    from mlxspec.cpu.layers import RopeTables
 
     tables = RopeTables(16, 10000.0, 1.0, False)
     seen = []
@@ -186,9 +186,9 @@ import sys, threading
 sys.path.insert(0, {tests!r})
 import mlxspec, tiny_models
 import mlx.core as mx
-from mlxspec.drafters import ModelDrafter
-from mlxspec.draft_length import FixedK
-from mlxspec.speculative import SpeculativeDecoder
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.costs.draft_length import FixedK
+from mlxspec.decoder import SpeculativeDecoder
 target = tiny_models.make_model("qwen2", vocab_size=64)
 mx.eval(mx.random.normal((3,)))  # MLX's random state used in the main thread, as loading a model does
 def work():

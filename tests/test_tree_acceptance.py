@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mlxspec.tree import DraftTree
-from mlxspec.tree_acceptance import node_outcome, walk_greedy, walk_sample
+from mlxspec.trees.tree import DraftTree
+from mlxspec.trees.acceptance import node_outcome, walk_greedy, walk_sample
 
 
 def dist(rng, v, zeros):

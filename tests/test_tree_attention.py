@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tiny_models
-from mlxspec.cache import ModelState
-from mlxspec.tree_attention import TREE_MODEL_TYPES, TreeBlock, tree_support
+from mlxspec.core.cache import ModelState
+from mlxspec.trees.attention import TREE_MODEL_TYPES, TreeBlock, tree_support
 
 ARCHS = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 16}}
 _MODELS = {}

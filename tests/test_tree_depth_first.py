@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 import test_greedy_equality as ge
 import tiny_models
-from mlxspec import tree_drafter
-from mlxspec.cost_model import CostModel
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.sampling import SamplingParams
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
-from mlxspec.tree_budget import TreeBudget
+from mlxspec.trees import drafter as tree_drafter
+from mlxspec.costs.cost_model import CostModel
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.core.sampling import SamplingParams
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
+from mlxspec.trees.budget import TreeBudget
 
 # verify and draft costs by width as calibrated for the default pair on a CPU: each position dearer
 VERIFY = [1.0, 1.04, 1.04, 1.19, 1.30, 1.41, 1.57, 1.74, 1.9, 2.05, 2.2, 2.35, 2.5]

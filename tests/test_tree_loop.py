@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 import drafter_models
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
-from mlxspec import tree_acceptance
-from mlxspec.cache import ModelState
-from mlxspec.cost_model import assumed
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import LayerSkipDrafter, ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
-from mlxspec.tree_round import MODEL_TYPE
+from mlxspec.trees import acceptance as tree_acceptance
+from mlxspec.core.cache import ModelState
+from mlxspec.costs.cost_model import assumed
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import LayerSkipDrafter, ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
+from mlxspec.trees.round import MODEL_TYPE
 from stats_util import chi_square
 
 
@@ -127,7 +127,7 @@ def test_tree_samples_with_lookup_branches_match_target_distribution(models, mon
     target whose next token depends mostly on the current one, on a prompt that
     quotes its own continuation: lookup branches get taken (one draft child per
     node, so that the lookup token is not already among them)."""
-    from mlxspec import tree_drafter
+    from mlxspec.trees import drafter as tree_drafter
 
     monkeypatch.setattr(tree_drafter, "MAX_BRANCH", 1)
     _, draft = models
@@ -187,9 +187,9 @@ def chain_notes(dec) -> list:
 def test_no_tree_and_unsupported_drafters_verify_chains():
     """A chain drafter or a fixed k verifies chains as the user chose: a note in the stats
     only where trees were asked for (tree=True)."""
-    from mlxspec.draft_length import FixedK
-    from mlxspec.drafters import PromptLookupDrafter
-    from mlxspec.tree_round import DRAFTER, FIXED_K
+    from mlxspec.costs.draft_length import FixedK
+    from mlxspec.drafting.drafters import PromptLookupDrafter
+    from mlxspec.trees.round import DRAFTER, FIXED_K
 
     target, drafts = ge.models("llama")
     assert not SpeculativeDecoder(target, ModelDrafter(drafts[0]), wide(), tree=False).trees
@@ -231,10 +231,10 @@ def test_cli_tree_and_no_tree(tmp_path, monkeypatch, smollm2_pair):
     from types import SimpleNamespace
 
     from cli_util import run_cli
-    from mlxspec import calibration_cache, cost_model
+    from mlxspec.costs import calibration as calibration_cache, cost_model
 
     monkeypatch.setenv("MLXSPEC_CALIBRATION_DIR", str(tmp_path / "calibration"))  # save's folder, and the CLI's
-    # the key of the pair as the CLI loads it (its folders and its weights' layout, blas_layout.py)
+    # the key of the pair as the CLI loads it (its folders and its weights' layout, cpu/blas_layout.py)
     drafter = SimpleNamespace(uses_draft_model=True, name=ModelDrafter.name)
     calibration_cache.save(calibration_cache.cache_key(smollm2_pair, drafter), cost_model.assumed(0.3))
     base = ("generate", "--model", "smollm2-135m", "--draft", "smollm2-135m", "-p", "def fibonacci(n):",
@@ -254,7 +254,7 @@ def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
     """The tree budget is the chain rule generalised: with one child per node and no
     lookup branch, every round stops where the chain's would (same passes, drafts
     kept, stop reasons)."""
-    from mlxspec import tree_drafter
+    from mlxspec.trees import drafter as tree_drafter
 
     monkeypatch.setattr(tree_drafter, "MAX_BRANCH", 1)
     for arch in ("llama", "qwen2"):
@@ -273,7 +273,7 @@ def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
 def test_session_verifies_trees_by_default_and_chains_with_tree_false(tiny_pair):
     """Session builds its decoder before drafting is switched on: trees follow the
     drafter and policy in use (and a toggled-off session decodes plainly)."""
-    from mlxspec.session import Session
+    from mlxspec.session.session.session import Session
 
     replies = {}
     for tree in (None, False):
@@ -295,9 +295,9 @@ def test_sibling_feedback_uses_the_drafts_own_probabilities():
     their capped estimates divided back by a scale that moves as the walk goes on."""
     from types import SimpleNamespace
 
-    from mlxspec.draft_length import DECAY
-    from mlxspec.tree import DraftTree
-    from mlxspec.tree_round import _outcomes
+    from mlxspec.costs.draft_length import DECAY
+    from mlxspec.trees.tree import DraftTree
+    from mlxspec.trees.round import _outcomes
 
     policy = PerToken(assumed(0.2), 4)
     policy.siblings = [3.0, 1.0]  # later siblings have been taken 3x as often as the draft said

@@ -10,13 +10,13 @@ import pytest
 import drafter_models
 import test_greedy_equality as ge
 import tiny_models
-from mlxspec import tree_drafter
-from mlxspec.cost_model import CostModel
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.tree import DraftTree
-from mlxspec.tree_budget import TreeBudget
+from mlxspec.trees import drafter as tree_drafter
+from mlxspec.costs.cost_model import CostModel
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.trees.tree import DraftTree
+from mlxspec.trees.budget import TreeBudget
 
 
 def budget(rate, draft=0.5):

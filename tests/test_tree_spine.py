@@ -1,4 +1,4 @@
-"""Prompt lookup's continuation as the spine of a draft tree (tree_drafter.py): the
+"""Prompt lookup's continuation as the spine of a draft tree (trees/drafter.py): the
 draft scores the whole spine in its first forward, the output stays plain's
 (greedy) and the target's exact distribution (sampling, chi-square with a broken
 control), and the budget's two rules for it behave as documented."""
@@ -12,14 +12,14 @@ import drafter_models
 import test_greedy_equality as ge
 import test_sequence_distribution as sd
 import tiny_models
-from mlxspec import tree_drafter
-from mlxspec.cost_model import CostModel, assumed
-from mlxspec.draft_length import PerToken
-from mlxspec.drafters import ModelDrafter
-from mlxspec.speculative import SpeculativeDecoder
-from mlxspec.stats import GenerationStats
-from mlxspec.tree_attention import TreeBlock
-from mlxspec.tree_budget import TreeBudget
+from mlxspec.trees import drafter as tree_drafter
+from mlxspec.costs.cost_model import CostModel, assumed
+from mlxspec.costs.draft_length import PerToken
+from mlxspec.drafting.drafters import ModelDrafter
+from mlxspec.decoder import SpeculativeDecoder
+from mlxspec.core.stats import GenerationStats
+from mlxspec.trees.attention import TreeBlock
+from mlxspec.trees.budget import TreeBudget
 from stats_util import chi_square
 
 SAMPLES = 1000  # the broken control fails at p ~ 1e-14 with these (threshold 1e-6); the sound rule passes at p = 0.2
@@ -51,8 +51,8 @@ def test_the_spine_goes_in_with_the_drafts_first_forward(arch, monkeypatch):
     its tokens are the tree's first chain, fed (the next round keeps the accepted
     ones without feeding them again), each carrying the draft's opinion of it (its
     confidence where the draft's top token is the same, None where it is not)."""
-    from mlxspec.drafters import PromptLookupDrafter
-    from mlxspec.sampling import SamplingParams
+    from mlxspec.drafting.drafters import PromptLookupDrafter
+    from mlxspec.core.sampling import SamplingParams
 
     target = drafter_models.lookup_target(arch)
     draft = tiny_models.perturbed(target, tiny_models.config_for(arch), noise=0.03, seed=3)
@@ -143,7 +143,7 @@ def test_chi_square_fails_when_siblings_keep_the_spine_token_in_q(lookup_pair, m
     """The control: the draft's children are drawn from q without the spine token
     (as they must be) but recorded with the q that still holds it, so the acceptance
     rule divides by the wrong q; the same test catches it."""
-    from mlxspec.tree import DraftTree
+    from mlxspec.trees.tree import DraftTree
 
     remaining, add = tree_drafter.TreeDraft._remaining, DraftTree.add
     drawn_from = {}

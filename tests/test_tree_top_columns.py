@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec.tree_drafter import top_columns
+from mlxspec.trees.drafter import top_columns
 
 
 def _reference(rows: np.ndarray, k: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import mlxspec
 import tiny_models as tm
 from cli_util import assert_refused, file_size_limit, run_cli
 from hub_server import HubServer
-from mlxspec import memory
+from mlxspec.models import memory
 from mlxspec.errors import MlxspecError
 
 

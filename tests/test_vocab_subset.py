@@ -13,10 +13,11 @@ import pytest
 
 import mlxspec
 import tiny_models
-from mlxspec import draft_weights, vocab_subset
+from mlxspec.cpu import draft_weights
+from mlxspec.drafting import vocab_subset
 from mlxspec.errors import MlxspecError
-from mlxspec.sampling import SamplingParams, process_logits
-from mlxspec.vocab_subset import SubsetHead
+from mlxspec.core.sampling import SamplingParams, process_logits
+from mlxspec.drafting.vocab_subset import SubsetHead
 from test_acceptance_exact import V, exact_output, random_dist
 
 
@@ -43,7 +44,7 @@ def test_subset_logits_are_the_full_heads_rows(arch, tied, quantized, monkeypatc
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_rows_are_int8_where_the_drafts_weights_are(tied, monkeypatch):
-    """A pruned head is a draft's: where draft_weights.py rounds the draft to int8, its
+    """A pruned head is a draft's: where cpu/draft_weights.py rounds the draft to int8, its
     rows are rounded the same way (a 16-bit head would be a quarter of a draft step's
     bytes); with MLXSPEC_DRAFT_INT8=0 they stay exact."""
     if not draft_weights.wanted():
@@ -183,7 +184,7 @@ def test_smollm2_pruned_head_sampling_matches_its_own_q(smollm2_pair, monkeypatc
 def test_the_conversations_tokens_join_the_subset():
     """Names in the prompt come back in the answer: prefill widens the subset by the
     history's tokens, so they can be drafted (and q stays over the subset in use)."""
-    from mlxspec.drafters import ModelDrafter
+    from mlxspec.drafting.drafters import ModelDrafter
 
     cfg = tiny_models.config_for("llama")
     model = tiny_models.build(cfg, seed=4, scale=2.0)

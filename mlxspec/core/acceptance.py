@@ -1,0 +1,79 @@
+"""The acceptance rule: which drafted tokens the target keeps, and what comes next.
+
+Given k drafted tokens x_1..x_k, the draft distributions q_i they were sampled
+from, and the target distributions p_0..p_k from one verify pass (row i is the
+target's distribution for the position of x_{i+1}; row k is the bonus
+position after all drafts):
+
+* greedy: x_i is kept iff it is the target's argmax; the next token is the
+  target's argmax at the first mismatch (or at the bonus position);
+* exact speculative sampling (Leviathan et al. 2022, Chen et al. 2023): keep x_i
+  with probability min(1, p(x_i)/q(x_i)); at the first rejection sample from
+  norm(max(0, p - q)); if all k are kept, sample the bonus token from p_k.
+  The output distribution is exactly p, whatever q is.
+
+A drafter that proposes tokens deterministically (prompt lookup) has q = one-hot
+(pass q=None): then x is kept with probability p(x), and the residual is p with
+x removed.
+
+Everything here is lazy MLX; the caller evaluates the result together with the
+target's forward pass, as one graph.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import cpu
+from .sampling import SamplingParams
+
+
+def _q_at(q: mx.array | None, draft: mx.array) -> mx.array:
+    if q is None:
+        return mx.ones(draft.shape, dtype=mx.float32)
+    return mx.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
+
+
+def acceptance_probability(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
+    """min(1, p(x)/q(x)) for each drafted token: p, q are (k, V) probabilities."""
+    px = mx.take_along_axis(p, draft[:, None], axis=-1)[:, 0]
+    qx = _q_at(q, draft)
+    return mx.minimum(1.0, px / mx.maximum(qx, 1e-30))
+
+
+def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
+    """norm(max(0, p - q)) per row, (k, V).  A row where p <= q everywhere (so
+    rejection has probability zero there) falls back to p, to stay a distribution."""
+    if q is None:
+        q = (mx.arange(p.shape[-1])[None, :] == draft[:, None]).astype(p.dtype)
+    r = mx.maximum(p - q, 0.0)
+    total = r.sum(axis=-1, keepdims=True)
+    return mx.where(total > 0, r / mx.maximum(total, 1e-30), p)
+
+
+def verify(target_logprobs: mx.array, draft: mx.array, q: mx.array | None,
+           params: SamplingParams, key: mx.array | None):
+    """Lazy verify of k drafts against k+1 target rows.
+
+    Returns (accepted (k,) bool, next_tokens (k+1,)): the caller keeps the
+    leading run of accepted drafts, n of them, then emits next_tokens[n].
+    """
+    k = draft.shape[0]
+    if params.greedy:
+        best = mx.argmax(target_logprobs, axis=-1)
+        return best[:k] == draft, best
+    k_accept, k_next = mx.random.split(key)
+    p = cpu.probabilities(target_logprobs)
+    if k == 0:
+        return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(target_logprobs, key=k_next)
+    u = mx.random.uniform(shape=(k,), key=k_accept)
+    accepted = u < acceptance_probability(p[:k], q, draft)
+    fallback = mx.concatenate([mx.log(residual(p[:k], q, draft)), target_logprobs[k:]], axis=0)
+    return accepted, mx.random.categorical(fallback, key=k_next)
+
+
+def leading_accepted(accepted: list[bool]) -> int:
+    n = 0
+    while n < len(accepted) and accepted[n]:
+        n += 1
+    return n

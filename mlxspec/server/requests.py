@@ -1,0 +1,234 @@
+"""`mlxspec serve`: an HTTP request body, checked field by field, into a `GenRequest`.
+
+Numbers follow the same rules (core/options.py) as the CLI and the Python API.  Every
+malformed request is a `RequestError` carrying what the OpenAI API puts in
+its error object (message, param, code) and the HTTP status, raised before the
+request takes a place in the generation queue.  Fields the server does not use
+(`user`, `logprobs`, `tools`, ...) are ignored, as other local servers do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import MlxspecError
+from ..core.sampling import SamplingParams
+from ..util.untrusted import printable
+
+MAX_STOP_STRINGS = 4
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class GenRequest:
+    kind: str  # "chat" or "completion"
+    model: str | None
+    messages: list | None  # chat: [{"role", "content"}] with text content
+    prompt: str | list | None  # completion: text or token ids
+    max_tokens: int | None  # None: the server's default (capped by the context)
+    sampling: dict  # SamplingParams fields the request set
+    stop: list = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    num_draft: int | str | None = None  # None: the server's policy; 0: no drafting; "auto"
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise RequestError(f"the request body is not valid JSON ({printable(str(e), 120)})", code="invalid_json")
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_type(body)}", code="invalid_json")
+    try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("the request body has a string with a lone surrogate escape (invalid Unicode)",
+                           code="invalid_json")
+    return body
+
+
+def _type(v) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
+            int: "integer", float: "number"}.get(type(v), type(v).__name__)
+
+
+def _wrong(name: str, want: str, v) -> RequestError:
+    return RequestError(f"'{name}' must be {want}, got {_type(v)} {printable(json.dumps(v)[:40])}",
+                        param=name, code="invalid_type")
+
+
+def _setting(body: dict, field: str, rule: str | None = None):
+    """body[field] checked by core/options.py's rule for `rule` (the same rule as the CLI
+    and the Python API), or None when absent."""
+    from ..core.options import BadValue, check
+
+    v = body.get(field)
+    if v is None:
+        return None
+    try:
+        return check(rule or field, v)
+    except BadValue as e:
+        code = "invalid_type" if isinstance(v, bool) or not isinstance(v, (int, float)) else "invalid_value"
+        raise RequestError(f"'{field}' {e.rule}, got {printable(json.dumps(v)[:40])}", param=field, code=code)
+
+
+def _bool(body: dict, name: str, default=False) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _wrong(name, "a boolean", v)
+    return v
+
+
+def _text(content, name: str) -> str:
+    """Message content: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise RequestError(f"'{name}[{i}]' must be a text part {{\"type\": \"text\", \"text\": \"...\"}} "
+                                   "(this server reads text only)", param=name, code="invalid_type")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise _wrong(name, "a string or a list of text parts", content)
+
+
+def parse_messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise RequestError("'messages' is required: a list of {\"role\", \"content\"} objects",
+                           param="messages", code="missing_required_parameter")
+    if not isinstance(msgs, list):
+        raise _wrong("messages", "an array", msgs)
+    if not msgs:
+        raise RequestError("'messages' must not be empty", param="messages", code="invalid_value")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _wrong(where, "an object", m)
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"'{where}.role' must be one of {', '.join(ROLES)}, got "
+                               f"{printable(json.dumps(role)[:40])}", param=f"{where}.role", code="invalid_value")
+        content = m.get("content")
+        text = "" if content is None and role == "assistant" else _text(content, f"{where}.content")
+        out.append({"role": ROLES[role], "content": text})
+    return out
+
+
+def parse_prompt(body: dict):
+    p = body.get("prompt")
+    if p is None:
+        raise RequestError("'prompt' is required: text or a list of token ids", param="prompt",
+                           code="missing_required_parameter")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        if not p:
+            raise RequestError("'prompt' must not be empty", param="prompt", code="invalid_value")
+        return p
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return p
+    if isinstance(p, list) and p and all(isinstance(t, (str, list)) for t in p):
+        raise RequestError("one prompt per request: this server does not batch", param="prompt", code="invalid_value")
+    raise _wrong("prompt", "a string or a non-empty list of token ids", p)
+
+
+def parse_stop(body: dict) -> list[str]:
+    s = body.get("stop")
+    if s is None:
+        return []
+    stops = [s] if isinstance(s, str) else s
+    if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+        raise _wrong("stop", "a string or a list of strings", s)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", param="stop",
+                           code="invalid_value")
+    return [x for x in stops if x]
+
+
+def parse_request(kind: str, body: dict) -> GenRequest:
+    """Check every field this server reads; the first problem is a RequestError."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _wrong("model", "a string", model)
+    messages = parse_messages(body) if kind == "chat" else None
+    prompt = parse_prompt(body) if kind == "completion" else None
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise RequestError(f"'n' must be 1 (one completion per request), got {n}", param="n", code="invalid_value")
+    max_tokens = None
+    for name in ("max_tokens", "max_completion_tokens"):  # the newer name wins when both are given
+        v = _setting(body, name, "max_tokens")
+        if v is not None:
+            max_tokens = v
+    sampling = {}
+    for name, key in (("temperature", "temp"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
+                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed")):
+        v = _setting(body, name, key)
+        if v is not None:
+            sampling[key] = v
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _wrong("stream_options", "an object", opts)
+    include_usage = _bool(opts or {}, "include_usage") if opts else False
+    return GenRequest(kind, model, messages, prompt, max_tokens, sampling, parse_stop(body), stream,
+                      include_usage, _setting(body, "num_draft_tokens", "num_draft"))
+
+
+def sampling_params(defaults: SamplingParams, req: GenRequest) -> SamplingParams:
+    import dataclasses
+
+    try:
+        return dataclasses.replace(defaults, **req.sampling)
+    except ValueError as e:
+        raise RequestError(str(e), code="invalid_value")
+
+
+def encode(pair, req: GenRequest) -> list[int]:
+    """The request's prompt as token ids: the chat template over the messages
+    (as `mlxspec generate` templates its prompt), raw text, or checked ids."""
+    from ..api import encode_prompt
+
+    try:
+        if req.kind == "chat":
+            return encode_prompt(pair.tokenizer, req.messages, vocab_size=pair.vocab_size)
+        return encode_prompt(pair.tokenizer, req.prompt, chat_template=False, vocab_size=pair.vocab_size)
+    except MlxspecError as e:
+        raise RequestError(str(e), param="messages" if req.kind == "chat" else "prompt", code="invalid_prompt")
+
+
+def fit_context(n_prompt: int, max_tokens: int | None, default_max: int, context: int | None) -> int:
+    """The number of tokens to generate, or a RequestError when prompt and
+    max_tokens do not fit the model's context."""
+    if n_prompt == 0:
+        raise RequestError("the prompt encodes to no tokens", param="prompt", code="invalid_prompt")
+    if context is None:
+        return max_tokens or default_max
+    if n_prompt >= context:
+        raise RequestError(f"the prompt is {n_prompt} tokens but the model's context is {context}: shorten it",
+                           param="messages", code="context_length_exceeded")
+    if max_tokens is None:
+        return min(default_max, context - n_prompt)
+    if n_prompt + max_tokens > context:
+        raise RequestError(f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+                           f"context ({context} tokens): ask for at most {context - n_prompt}",
+                           param="max_tokens", code="context_length_exceeded")
+    return max_tokens
