@@ -46,20 +46,24 @@ IDLE_S = 0.02  # both builds' worker threads spin ~1 ms after a product, then sl
 LAYERS = {"f16": 8, "i8": 48}  # ~650 MB of weights either way: more than the caches keep between repeats
 
 
-KERNEL_FILES = ("cpu/small_gemm.c", "cpu/draft_gemm.c", "cpu/draft_gemm4.c", "cpu/thread_pool.c", "thread_pool.h")
+KERNEL_FILES = ("small_gemm.c", "draft_gemm.c", "draft_gemm4.c", "thread_pool.c", "thread_pool.h")
+KERNEL_DIRS = ("mlxspec/cpu", "mlxspec")  # where they are, and where they were before the cpu/ package
 
 
 def sources_at(rev: str | None) -> dict[str, str]:
     """The kernel's files (name: text) at git revision `rev`, or in the working tree (None):
     those of KERNEL_FILES that exist there (an older revision has fewer)."""
     if rev is None:
-        return {n: (ROOT / "mlxspec" / n).read_text() for n in KERNEL_FILES if (ROOT / "mlxspec" / n).exists()}
+        return {n: (ROOT / KERNEL_DIRS[0] / n).read_text() for n in KERNEL_FILES if (ROOT / KERNEL_DIRS[0] / n).exists()}
     out = {}
-    for n in KERNEL_FILES:
-        r = subprocess.run(["git", "show", f"{rev}:mlxspec/{n}"], cwd=ROOT, capture_output=True, text=True)
-        if r.returncode == 0:
-            out[n] = r.stdout
-    if "cpu/small_gemm.c" not in out:
+    for folder in KERNEL_DIRS:
+        for n in KERNEL_FILES:
+            r = subprocess.run(["git", "show", f"{rev}:{folder}/{n}"], cwd=ROOT, capture_output=True, text=True)
+            if r.returncode == 0:
+                out[n] = r.stdout
+        if out:
+            break
+    if "small_gemm.c" not in out:
         raise SystemExit(f"kernel_ab: no kernel sources at {rev!r}")
     return out
 
