@@ -53,7 +53,7 @@ def four_bit_pair(pair):
 
 
 def contenders(pair4) -> dict:
-    from mlxspec.commands.bench.contenders import MlxspecContender, make_contender
+    from mlxspec.bench.contenders import MlxspecContender, make_contender
 
     class On(MlxspecContender):  # runs on the 4-bit pair whatever pair it is given
         def run(self, pair, ids, **kw):

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
 from mlxspec.costs import cost_model  # noqa: E402
-from mlxspec.commands.bench.contenders import make_contender  # noqa: E402
+from mlxspec.bench.contenders import make_contender  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -41,7 +41,7 @@ def child(argv: list[str]) -> int:
     sys.path.insert(0, str(Path.cwd()))
     import mlxspec
     from mlxspec.api import encode_prompt
-    from mlxspec.commands.bench.contenders import make_contender, timing_figures
+    from mlxspec.bench.contenders import make_contender, timing_figures
 
     prompts = chosen_prompts(args)
     pair = mlxspec.load()

@@ -118,7 +118,7 @@ def variant_contenders(label: str, tweak) -> dict:
     """Plain, the default (trees) and chains, and trees and chains as "trees <label>" and
     "chains <label>", whose decoders are built by `tweak(build)` (`build()` makes the
     stock decoder; the tweak may set things up around it or change what it returns)."""
-    from mlxspec.commands.bench.contenders import MlxspecContender, make_contender
+    from mlxspec.bench.contenders import MlxspecContender, make_contender
 
     class Tweaked(MlxspecContender):
         def decoder(self, pair):
@@ -153,7 +153,7 @@ def swapped_comparison(args: argparse.Namespace, pair, modules: dict, contenders
     the pair's models for each run; write, print and return as `finish` does."""
     from mlxspec import device as backend
     from mlxspec.api import encode_prompt
-    from mlxspec.commands.bench.contenders import make_contender
+    from mlxspec.bench.contenders import make_contender
 
     prompts = chosen_prompts(args)
     made = {name: (make_contender(spec), which) for name, (spec, which) in contenders.items()}

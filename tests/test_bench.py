@@ -328,7 +328,7 @@ def test_quick_predicts_the_tokens_per_pass_that_bench_measures(middling_pair_di
     prompt per suite (its old defaults) the acceptance by position came from a handful
     of rounds and missed by up to a third."""
     import mlxspec
-    from mlxspec.commands.bench.contenders import MlxspecContender
+    from mlxspec.bench.contenders import MlxspecContender
 
     target, draft = middling_pair_dirs
     result = CliRunner().invoke(bench.bench, ["--model", str(target), "--draft", str(draft), "--suite",

@@ -22,7 +22,7 @@ from mlxspec.drafting import vocab_subset
 from mlxspec.models.pinned import fetch as weights
 from mlxspec.converters import convert, hub
 from mlxspec.errors import MlxspecError
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 
 DEEP = "[" * 100_000
 
@@ -80,7 +80,7 @@ def test_deep_small_readers_give_up_quietly(tmp_path, monkeypatch):
     (tmp_path / "conv" / "config.json").write_text(DEEP)
     assert gguf.cached_format(tmp_path / "conv") is None
     (tmp_path / "suite.json").write_text(DEEP)
-    from mlxspec.commands.bench.prompts import load_suite
+    from mlxspec.bench.prompts import load_suite
 
     with pytest.raises(MlxspecError, match="suite .* is nested too deeply"):
         load_suite(str(tmp_path / "suite.json"))

@@ -11,8 +11,8 @@ import pytest
 
 import mlxspec
 from mlxspec.api import encode_prompt
-from mlxspec.session.session.session import Session
-from mlxspec.session.session.settings import NO_TEMPLATE_SYSTEM
+from mlxspec.session.session import Session
+from mlxspec.session.settings import NO_TEMPLATE_SYSTEM
 from test_api_cli import run_cli
 
 

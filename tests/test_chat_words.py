@@ -5,7 +5,7 @@ import mlxspec
 from mlxspec.commands.chat import reply_summary
 from mlxspec.costs.cost_model import assumed
 from mlxspec.costs.draft_length import PerToken
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 
 
 def test_reply_summary_says_when_drafting_fell_back(tiny_pair):

@@ -10,7 +10,7 @@ from mlxspec.core.cache import MERGE_LIMIT
 from mlxspec.costs.cost_model import CostModel, merge_limit
 from mlxspec.costs.draft_length import FixedK, PerToken
 from mlxspec.drafting.drafters import Drafter, ModelDrafter
-from mlxspec.session.session.drafting import Drafting
+from mlxspec.session.drafting import Drafting
 from mlxspec.decoder import SpeculativeDecoder
 
 

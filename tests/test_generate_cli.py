@@ -236,7 +236,7 @@ def test_compare_warms_up_repeats_and_gives_the_spread(tiny_pair_dirs):
 
 
 def test_noise_verdict():
-    from mlxspec.commands.bench.compare import spread_verdict
+    from mlxspec.bench.compare import spread_verdict
 
     assert spread_verdict([1.5, 1.6, 1.4]) == {"speedup": 1.5, "min": 1.4, "max": 1.6, "repeats": 3,
                                                 "within_noise": False}

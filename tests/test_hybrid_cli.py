@@ -12,7 +12,7 @@ import mlxspec
 import tiny_hybrid
 import tiny_models
 from cli_util import assert_refused, run_cli
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 
 
 @pytest.fixture(scope="module")

@@ -212,7 +212,7 @@ def test_trees_verify_chains_with_a_note(tree):
 def test_session_second_turn_after_the_window_wrapped(tiny_pair):
     """The second turn reuses the cached conversation (only the new message, plus what
     the last round's rollback re-feeds) and still gives mlx-lm's output."""
-    from mlxspec.session.session.session import Session
+    from mlxspec.session.session import Session
 
     size, eos, target = MIN_KV_SIZE, set(tiny_pair.eos_token_ids), tiny_pair.target
     s = Session(tiny_pair, max_kv_size=size, max_tokens=60, num_draft=3)
@@ -233,7 +233,7 @@ def test_session_second_turn_after_the_window_wrapped(tiny_pair):
 
 @pytest.mark.parametrize("value", [0, -3, MIN_KV_SIZE - 1, 1.5, "many"])
 def test_api_and_session_refuse_a_bad_max_kv_size(tiny_pair, value):
-    from mlxspec.session.session.session import Session
+    from mlxspec.session.session import Session
 
     rule = RULES["max_kv_size"].describe()
     for call in (lambda: mlxspec.generate(tiny_pair, "hi", max_kv_size=value),

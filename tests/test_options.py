@@ -98,7 +98,7 @@ def test_api_refuses_bad_values_in_one_line(tiny_pair, kwargs, name):
 @pytest.mark.parametrize("kwargs, name", [({"num_draft": 20}, "num_draft"), ({"p_min": -0.5}, "p_min"),
                                           ({"temp": -1}, "temp")])
 def test_session_refuses_bad_values_when_made(tiny_pair, kwargs, name):
-    from mlxspec.session.session.session import Session
+    from mlxspec.session.session import Session
 
     with pytest.raises(mlxspec.MlxspecError) as e:
         Session(tiny_pair, **kwargs)

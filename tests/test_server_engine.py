@@ -10,7 +10,7 @@ import mlxspec
 from mlxspec import api
 from mlxspec.costs import cost_model
 from mlxspec.core.sampling import SamplingParams
-from mlxspec.server.http.engine import Engine, Job
+from mlxspec.server.engine import Engine, Job
 
 from server_process import MODEL, need_smollm2
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxspec.server.http.responses import StopMatcher
+from mlxspec.server.responses import StopMatcher
 
 
 def run(pieces, stops):

@@ -8,7 +8,7 @@ import pytest
 
 import mlxspec
 from mlxspec.errors import MlxspecError
-from mlxspec.session.session.session import ContextFullError, Session
+from mlxspec.session.session import ContextFullError, Session
 
 
 def consume(stream):

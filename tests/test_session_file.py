@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlxspec.errors import MlxspecError
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 
 
 @pytest.fixture(scope="module")

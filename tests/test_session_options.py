@@ -9,7 +9,7 @@ import pytest
 
 import mlxspec
 from mlxspec.errors import MlxspecError
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -17,7 +17,7 @@ import mlxspec
 import tiny_models
 from mlxspec.core.cache import ModelState
 from mlxspec.errors import MlxspecError
-from mlxspec.session.session.session import Session
+from mlxspec.session.session import Session
 from mlxspec.trees.attention import TreeBlock, _layers
 
 PROMPTS = ("w1 w2 w3", "w7 w7 w7 w7 w9", "w40 w41", "w5 w6 w7 w8")

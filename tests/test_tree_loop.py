@@ -273,7 +273,7 @@ def test_a_tree_with_one_child_per_node_makes_the_chains_decisions(monkeypatch):
 def test_session_verifies_trees_by_default_and_chains_with_tree_false(tiny_pair):
     """Session builds its decoder before drafting is switched on: trees follow the
     drafter and policy in use (and a toggled-off session decodes plainly)."""
-    from mlxspec.session.session.session import Session
+    from mlxspec.session.session import Session
 
     replies = {}
     for tree in (None, False):

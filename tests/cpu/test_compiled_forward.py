@@ -16,7 +16,7 @@ from mlxspec.cpu import compiled_forward
 from mlxspec.core.cache import ModelState
 from mlxspec.cpu.compiled_forward import CompiledForward
 from mlxspec.trees.attention import TreeBlock
-from test_lean_ops import ARCHS, lean_model
+from test_layers import ARCHS, lean_model
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
