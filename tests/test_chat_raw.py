@@ -86,7 +86,7 @@ class BosTokenizer:
 
 
 def test_the_first_raw_message_gets_bos_where_generate_would():
-    from mlxspec.session.session import prompt as session_prompt
+    from mlxspec.session import prompt as session_prompt
 
     text, ids = session_prompt.raw(BosTokenizer(), "hi", [], "")
     assert ids[0] == 1 and text == "<s>hi"  # the text spells what the ids hold (session files check that)

@@ -13,7 +13,7 @@ from tiny_models import loaded_elsewhere
 PACKAGE = Path(mlxspec.__file__).parent
 PROBE = ("from mlxspec import cpu; from mlxspec.cpu import kernel, layers, compiled_forward, fused_projections, "
          "blas_layout")
-WORDS = "cpu.layout(m), bool(layers.applied(m)), kernel.loaded(), compiled_forward.wanted(), fused_projections.wanted()"
+WORDS = "cpu.layout(m).replace(' ', '-'), bool(layers.applied(m)), kernel.loaded(), compiled_forward.wanted(), fused_projections.wanted()"
 
 
 def test_one_switch_turns_every_part_off(tmp_path):

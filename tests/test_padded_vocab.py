@@ -16,7 +16,7 @@ import test_sequence_distribution as sd
 import tiny_models
 from mlxspec.core import cache, token_ids
 from mlxspec.drafting import drafters
-from mlxspec.cpu import kernel_ops
+from mlxspec import cpu
 from mlxspec.trees import attention as tree_attention
 from mlxspec.costs.cost_model import assumed
 from mlxspec.costs.draft_length import FixedK, PerToken
@@ -90,7 +90,7 @@ def test_cutting_q_after_normalising_it_fails_the_same_test(padded, monkeypatch)
     q the rule divides by is short of the mass the token was drawn with.  (q is taken as
     the exp of those log-probabilities: kernel_ops.probabilities' softmax would make the
     cut row whole again -- the distribution the token was drawn from, which passes.)"""
-    monkeypatch.setattr(kernel_ops, "probabilities", mx.exp)
+    monkeypatch.setattr(cpu, "probabilities", mx.exp)  # what the drafters call (cpu/__init__.py)
     process = drafters.process_logits
     monkeypatch.setattr(drafters, "fit_rows", lambda logits, rows: logits)
     monkeypatch.setattr(drafters, "process_logits", lambda *a: process(*a)[..., :sd.V])

@@ -136,7 +136,7 @@ def test_a_running_conversion_keeps_its_temp_when_another_process_sweeps(tmp_pat
             time.sleep(0.005)
         (temp,) = (home / "models").glob(".*")
         assert tempfiles.owner(temp.name) == proc.pid
-        code = f"from mlxspec import tempfiles; print(tempfiles.remove_stale({str(temp.parent)!r}))"
+        code = f"from mlxspec.util import tempfiles; print(tempfiles.remove_stale({str(temp.parent)!r}))"
         sweep = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                                timeout=60)
         assert sweep.returncode == 0 and sweep.stdout.strip() == "[]", sweep.stderr

@@ -10,6 +10,7 @@ import pytest
 
 import mlxspec
 import tiny_models
+from mlxspec import cpu
 from mlxspec.cpu import blas_layout, packed_weights
 from mlxspec.costs import calibration as calibration_cache
 from mlxspec.cpu.blas_layout import TransposedLinear
@@ -37,7 +38,7 @@ def test_prepared_model_gives_the_same_logits(arch, tied):
             assert isinstance(m, TransposedLinear) and m.weight.shape == shapes[path]
             assert m.wt.shape == shapes[path][::-1]
     np.testing.assert_allclose(np.array(model(x)), before, rtol=1e-5, atol=1e-5)
-    assert blas_layout.layout(model) == "blas"
+    assert cpu.layout(model) == "blas"
 
 
 def test_biases_are_kept():
@@ -55,7 +56,7 @@ def test_quantised_and_other_dtypes_are_left_alone():
     assert blas_layout.prepare(model) == 0
     half = tiny_models.build(cfg, seed=1)
     half.set_dtype(mx.float16)
-    assert blas_layout.prepare(half) == 0 and blas_layout.layout(half) == "mlx"
+    assert blas_layout.prepare(half) == 0 and cpu.layout(half) == "mlx"
 
 
 def test_turned_off_by_the_environment(monkeypatch):
@@ -90,8 +91,8 @@ def test_loading_lays_out_the_models(tiny_pair):
     from mlxspec.cpu import draft_weights
 
     want = "packed f32" if packed_weights.available() else "blas"
-    assert blas_layout.layout(tiny_pair.target) == want
-    assert blas_layout.layout(tiny_pair.draft) == ("packed i8" if draft_weights.wanted() else want)
+    assert cpu.layout(tiny_pair.target) == want
+    assert cpu.layout(tiny_pair.draft) == ("packed i8" if draft_weights.wanted() else want)
     prompt = "the quick brown fox"
     plain = mlxspec.generate(tiny_pair, prompt, max_tokens=24, drafter="none")
     spec = mlxspec.generate(tiny_pair, prompt, max_tokens=24, num_draft=4)
@@ -104,5 +105,5 @@ def test_a_calibration_belongs_to_one_layout(tiny_pair_dirs):
     key = calibration_cache.cache_key(pair, drafter)
     stock = mlxspec.load(*tiny_pair_dirs)
     stock.target = tiny_models.build(tiny_models.config_for("qwen2"), seed=0, scale=3.0)  # mlx-lm's layout
-    assert blas_layout.layout(stock.target) == "mlx"
+    assert cpu.layout(stock.target) == "mlx"
     assert key is not None and calibration_cache.cache_key(stock, drafter) != key

@@ -12,6 +12,7 @@ import pytest
 import mlxspec
 import tiny_models
 from mlxspec import api
+from mlxspec.arch import surgery
 from mlxspec.cpu import compiled_forward
 from mlxspec.core.cache import ModelState
 from mlxspec.cpu.compiled_forward import CompiledForward
@@ -172,7 +173,7 @@ def test_a_growing_cache_keeps_the_functions_of_its_last_capacities_only(monkeyp
 def _function_of(state):
     from mlxspec.cpu import blas_layout
 
-    return compiled_forward._functions[compiled_forward._identity(state.model), 256, blas_layout.module_changes][1]
+    return compiled_forward._functions[compiled_forward._identity(state.model), 256, surgery.module_changes][1]
 
 
 def test_states_of_one_model_and_its_equal_views_share_a_function():

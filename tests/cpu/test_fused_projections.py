@@ -122,10 +122,10 @@ def test_greedy_speculative_equals_plain_on_a_fused_pair(tmp_path, monkeypatch):
 
 def test_turned_off_by_environment(tmp_path):
     assert tiny_models.loaded_elsewhere(
-        tmp_path / "llama", {fused_projections.ENV: "0"}, "from mlxspec import lean_ops",
+        tmp_path / "llama", {fused_projections.ENV: "0"}, "from mlxspec.cpu import layers as lean_ops",
         "type(m.model.layers[0].mlp).__name__, 'gate_up' in m.model.layers[0].mlp") == ["LeanMLP", "False"]
     assert tiny_models.loaded_elsewhere(
-        tmp_path / "llama2", {}, "from mlxspec import lean_ops",
+        tmp_path / "llama2", {}, "from mlxspec.cpu import layers as lean_ops",
         "'gate_up' in m.model.layers[0].mlp") == ["True"]
 
 

@@ -181,7 +181,7 @@ def test_a_step_builds_fewer_operations():
 
 
 def test_turned_off_by_environment(tmp_path):
-    assert tiny_models.loaded_elsewhere(tmp_path / "llama", {lean_ops.ENV: "0"}, "from mlxspec import lean_ops",
+    assert tiny_models.loaded_elsewhere(tmp_path / "llama", {lean_ops.ENV: "0"}, "from mlxspec.cpu import layers as lean_ops",
                                         "lean_ops.wanted(), bool(lean_ops.applied(m))") == ["False", "False"]
 
 

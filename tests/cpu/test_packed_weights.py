@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 
 import mlxspec
 import tiny_models
+from mlxspec import cpu
 from mlxspec.cpu import blas_layout, packed_weights, kernel as small_gemm
 from mlxspec.drafting import vocab_subset
 from mlxspec.cpu.blas_layout import TransposedLinear
@@ -133,7 +134,7 @@ def test_a_loaded_model_is_packed_and_computes_what_the_unpacked_one_does(tmp_pa
     monkeypatch.setenv(packed_weights.ENV, "0")
     plain = mlxspec.load(path, no_draft=True).target
     linears = [m for _, m in packed.named_modules() if isinstance(m, (nn.Linear, TransposedLinear))]
-    assert not linears and blas_layout.layout(packed) == "packed f16" and blas_layout.layout(plain) == "blas"
+    assert not linears and cpu.layout(packed) == "packed f16" and cpu.layout(plain) == "blas"
     ids = mx.array([[1, 5, 9, 33, 2, 7, 80, 81, 12, 4]])  # one pass, at most 32 rows: the kernel, both
     assert np.array_equal(np.array(packed(ids)), np.array(plain(ids)))
     assert sum(v.nbytes for _, v in tree_flatten(packed.parameters())) < \
@@ -145,7 +146,7 @@ def test_greedy_speculative_equals_plain_on_a_packed_pair(tmp_path, monkeypatch)
     target = tiny_models.f16_model_dir(tmp_path / "t", "qwen2")
     draft_dir = tiny_models.f16_model_dir(tmp_path / "d", "qwen2", noise=0.01, seed=1)
     pair = mlxspec.load(target, draft_dir)
-    assert blas_layout.layout(pair.draft) == "packed f16"
+    assert cpu.layout(pair.draft) == "packed f16"
     tiny_models.check_greedy_packed_pair(pair)
 
 
@@ -165,5 +166,5 @@ def test_a_packed_draft_head_can_be_pruned(tmp_path):
 
 def test_turned_off_by_environment(tmp_path):
     assert tiny_models.loaded_elsewhere(tmp_path / "llama", {packed_weights.ENV: "0"},
-                                        "from mlxspec import packed_weights, blas_layout",
-                                        "packed_weights.available(), blas_layout.layout(m)") == ["False", "blas"]
+                                        "from mlxspec import cpu; from mlxspec.cpu import packed_weights, blas_layout",
+                                        "packed_weights.available(), cpu.layout(m)") == ["False", "blas"]

@@ -98,7 +98,7 @@ def test_calibration_belongs_to_the_kernels_state(tiny_pair_dirs):
 
 def _run(env_extra: dict, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLXSPEC_HOME": str(home), **env_extra}
-    code = ("import mlxspec, mlx.core as mx; from mlxspec import backend, small_gemm;"
+    code = ("import mlxspec, mlx.core as mx; from mlxspec import device as backend; from mlxspec.cpu import kernel as small_gemm;"
             "y = (mx.array([[1.0, 2.0]]) @ mx.array([[3.0], [4.0]])).item();"
             "print(backend.describe()); print(small_gemm.calls(), y)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
