@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -68,26 +69,34 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         raise MlxspecError(f"cannot listen on {printable(host, 100)}:{port}: {e.strerror or e}")
     thread = None
     try:
+        # The port answers from now on: /health says 503 "loading" (then "calibrating") and /v1 routes 503 with
+        # Retry-After until the engine is set, so a client polling /health learns when it may send requests.
         spec = pair_arg or model
-        needs_draft = drafter in (None, "model", "hybrid") or draft is not None
-        pair = load(spec, draft, no_draft=no_draft or not needs_draft)
-        decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
-                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree,
-                               max_kv_size=max_kv_size)
-        name = model_name(pair.target_path, pair.target_config)
-        httpd.engine = Engine(pair, decoder, num_draft, max_queue)
-        httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens
-        httpd.model_id = str(spec) if spec else name
-        httpd.model_ids = {httpd.model_id, name}
+        httpd.model_id = str(spec) if spec else None
+        httpd.model_ids = {httpd.model_id}
         httpd.api_key, httpd.max_body, httpd.verbose = api_key, max_request_bytes, verbose
         httpd.gate = Gate(host, httpd.server_address[1], parse_list(allowed_hosts), parse_list(allowed_origins))
         httpd.request_timeout, httpd.spare = request_timeout, Spare()
         httpd.page = chat_page()
+        httpd.loading = {"phase": "loading", "since": time.time()}
         thread = threading.Thread(target=httpd.serve_forever, name="mlxspec-http", daemon=True)
         thread.start()
         signal.signal(signal.SIGTERM, _interrupt)
         bound_host, bound_port = httpd.server_address[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        click.echo(f"mlxspec serve: loading; http://{shown}:{bound_port}/health answers 503 until the models are "
+                   "ready", err=True)
+        needs_draft = drafter in (None, "model", "hybrid") or draft is not None
+        pair = load(spec, draft, no_draft=no_draft or not needs_draft)
+        httpd.loading = {**httpd.loading, "phase": "calibrating"}
+        decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
+                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree,
+                               max_kv_size=max_kv_size)
+        name = model_name(pair.target_path, pair.target_config)
+        httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens
+        httpd.model_id = str(spec) if spec else name
+        httpd.model_ids = {httpd.model_id, name}
+        httpd.engine = Engine(pair, decoder, num_draft, max_queue)  # last: the server is ready
         click.echo(f"[{pair.describe()}]", err=True)
         click.echo(f"mlxspec serve: listening on http://{shown}:{bound_port}/ (chat page at /, OpenAI API at /v1)",
                    nl=True)

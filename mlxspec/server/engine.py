@@ -11,12 +11,16 @@ request alone: it equals a fresh server's and `mlxspec generate`'s.
 `run_forever` runs in the main thread (MLX is used from that thread only); HTTP
 threads `submit` a `Job` and read its events: ("text", piece, from_draft) ...
 then ("done", stats, finish_reason) or ("error", message).  A full queue is
-`QueueFull` (HTTP 429).  `Job.cancel()` (a client gone) ends the generation
-before its next draft/verify round; a job cancelled while queued never runs.
+`QueueFull` (HTTP 429, with a Retry-After of about one generation).
+`Job.cancel()` (a client gone) ends the generation before its next
+draft/verify round; a job cancelled while queued leaves the queue at once (its
+place is free for the next client) and never runs.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import queue
 import sys
 import threading
@@ -33,7 +37,9 @@ from ..util.untrusted import printable
 
 
 class QueueFull(Exception):
-    pass
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds: about one generation
 
 
 @dataclass
@@ -47,12 +53,15 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     stats: object = None  # the running generation's GenerationStats
     passes_at_cancel: int | None = None
+    withdraw: object = None  # the engine's, once queued: takes a cancelled job out of the queue
 
     def cancel(self):
         if not self.cancelled.is_set():
             stats = self.stats
             self.passes_at_cancel = stats.target_passes if stats is not None else 0
             self.cancelled.set()
+            if self.withdraw is not None:
+                self.withdraw(self)
 
 
 class Engine:
@@ -63,35 +72,58 @@ class Engine:
         self.default = (decoder.drafter, decoder.policy)
         self.plain = (Drafter(), FixedK(0))
         self.auto_policy = decoder.policy if num_draft in (None, "auto") else None
-        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.waiting: collections.deque = collections.deque()  # queued jobs, oldest first
+        self.cond = threading.Condition()
         self.max_queue = max_queue
         self.busy = False
         self.served = 0
         self.last: dict | None = None  # the last generation's outcome, for /health
+        self.last_seconds = 1.0  # how long the last generation took (Retry-After)
 
     def submit(self, job: Job):
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting; retry later")
+        with self.cond:
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting; retry later",
+                                self.retry_after())
+            job.withdraw = self._withdraw
+            self.waiting.append(job)
+            self.cond.notify()
+
+    def _withdraw(self, job: Job):
+        """A queued job whose client left: out of the queue now, not when its turn comes."""
+        with self.cond:
+            try:
+                self.waiting.remove(job)
+            except ValueError:
+                return  # already running (the generation stops itself) or done
+        self.last = {"finish_reason": "cancelled", "completion_tokens": 0, "rounds_after_cancel": 0}
+
+    def retry_after(self) -> int:
+        return max(1, min(60, math.ceil(self.last_seconds)))
+
+    def queued(self) -> int:
+        return len(self.waiting)
 
     def health(self) -> dict:
-        return {"busy": self.busy, "queued": self.jobs.qsize(), "max_queue": self.max_queue,
+        return {"busy": self.busy, "queued": self.queued(), "max_queue": self.max_queue,
                 "served": self.served, "last_generation": self.last}
 
     def run_forever(self):
         while True:
-            try:
-                job = self.jobs.get(timeout=0.5)  # a timeout, so Ctrl-C reaches this thread
-            except queue.Empty:
-                continue
-            if job.cancelled.is_set():  # its client left while it waited
-                self.last = {"finish_reason": "cancelled", "completion_tokens": 0, "rounds_after_cancel": 0}
-                continue
-            self.busy = True
+            with self.cond:
+                self.cond.wait_for(lambda: self.waiting, timeout=0.5)  # a timeout, so Ctrl-C reaches this thread
+                if not self.waiting:
+                    continue
+                job = self.waiting.popleft()
+                job.withdraw = None
+                if job.cancelled.is_set():  # cancelled as it was taken
+                    continue
+                self.busy = True
+            start = time.monotonic()
             try:
                 self.run(job)
             finally:
+                self.last_seconds = time.monotonic() - start
                 self.busy = False
                 self.served += 1
 

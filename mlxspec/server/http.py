@@ -3,7 +3,13 @@
     mlxspec serve --model smollm2-135m --draft smollm2-135m --port 8080
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not),
-GET /v1/models, GET /health, and a chat page at /.  HTTP threads parse and check
+GET /v1/models, GET /v1/models/{id}, GET /health, and a chat page at /.  The
+port opens before the models load: until they are loaded and calibrated
+(`server.engine` is None) /health answers 503 {"status": "loading", ...} and
+every /v1 route 503 with Retry-After.  Web pages from allowed origins
+(guard.Gate.origin_allowed) get CORS: an OPTIONS preflight is answered 204, and
+every response to them carries Access-Control-Allow-Origin.  A queued
+streaming client gets SSE keep-alive comments while it waits.  HTTP threads parse and check
 a request and tokenize its prompt (every malformed request is a JSON error
 before it takes a queue place: server/requests.py), then hand it to the engine,
 which runs one generation at a time in the main thread (server/engine.py), and
@@ -19,6 +25,8 @@ from __future__ import annotations
 import hmac
 import io
 import json
+import os
+import re
 import queue
 import select
 import socket
@@ -27,7 +35,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import MlxspecError
 from .engine import Job, QueueFull
@@ -38,6 +46,10 @@ from ..util.untrusted import printable
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 REQUEST_TIMEOUT = 30  # seconds a client may take to send a request (headers and body); the template, to render it
+KEEPALIVE = 15.0  # seconds without an event after which a waiting stream gets an SSE comment
+CORS_MAX_AGE = 600  # seconds a browser may cache a preflight's answer
+CORS_METHODS = "GET, POST, OPTIONS"
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
           "/chat/completions": "chat", "/completions": "completion"}
 
@@ -48,6 +60,9 @@ class Server(ThreadingHTTPServer):
     # set by `serve`: engine, pair, model_id, model_ids, api_key, defaults, max_tokens, max_body, page, verbose, gate
     tokenizer_lock = threading.Lock()
     request_timeout = REQUEST_TIMEOUT
+    engine = None  # None while the models load and calibrate: /health says "loading", /v1 answers 503
+    loading: dict = {}  # while loading: {"phase": "loading" | "calibrating", "since": time.time()}
+    keepalive = float(os.environ.get("MLXSPEC_SSE_KEEPALIVE", KEEPALIVE) or KEEPALIVE)
     spare = None  # a Spare descriptor, set by `serve`
 
     def get_request(self):
@@ -111,23 +126,35 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.write(printable(f"{self.address_string()} {format % args}", 300) + "\n")
 
     # -- responses ------------------------------------------------------------
-    def _send(self, status: int, body: bytes, ctype: str, close: bool = False):
+    def _cors(self):
+        """Access-Control-Allow-Origin for a page from an allowed origin (guard.Gate decides)."""
+        origin = self.headers.get("Origin") if self.headers is not None else None
+        if origin and self.server.gate.origin_allowed(origin, self.headers.get("Host")):
+            self.send_header("Access-Control-Allow-Origin", origin.strip())
+            self.send_header("Vary", "Origin")
+
+    def _send(self, status: int, body: bytes, ctype: str, close: bool = False, headers: dict | None = None):
         self._disarm()
         self._responded = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if getattr(self.server, "gate", None) is not None and getattr(self, "headers", None) is not None:
+            self._cors()
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, status: int, obj, close: bool = False):
-        self._send(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json", close)
+    def _json(self, status: int, obj, close: bool = False, headers: dict | None = None):
+        self._send(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json", close,
+                   headers)
 
     def _error(self, e: RequestError):
-        self._json(e.status, e.body(), close=True)
+        self._json(e.status, e.body(), close=True, headers=e.headers)
 
     def send_error(self, code, message=None, explain=None):
         """The base class's own errors (a bad request line, an unknown method) as JSON too."""
@@ -185,8 +212,10 @@ class Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
-    def _events(self, job: Job):
-        """The job's events; cancels the job and stops when the client hangs up."""
+    def _events(self, job: Job, keepalive=None):
+        """The job's events; cancels the job and stops when the client hangs up.
+        `keepalive()` is called after every `server.keepalive` seconds without an event."""
+        quiet_since = time.monotonic()
         while True:
             try:
                 ev = job.events.get(timeout=0.05)
@@ -195,12 +224,55 @@ class Handler(BaseHTTPRequestHandler):
                     job.cancel()
                     self.close_connection = True
                     return
+                if keepalive is not None and time.monotonic() - quiet_since >= self.server.keepalive:
+                    keepalive()  # a client gone raises OSError here: the job is cancelled by _post
+                    quiet_since = time.monotonic()
                 continue
+            quiet_since = time.monotonic()
             yield ev
             if ev[0] in ("done", "error"):
                 return
 
     # -- routes -------------------------------------------------------------------
+    def _not_ready(self) -> RequestError | None:
+        """A 503 with Retry-After while the models load and calibrate; None once the server is ready."""
+        if self.server.engine is not None:
+            return None
+        phase = self.server.loading.get("phase", "loading")
+        return RequestError(f"the server is starting ({phase} the models); retry in a few seconds (GET /health "
+                            "says when it is ready)", status=503, code="model_loading", kind="server_error",
+                            headers={"Retry-After": "2"})
+
+    def _loading_health(self) -> dict:
+        since = self.server.loading.get("since")
+        return {"status": "loading", "model": self.server.model_id, "phase": self.server.loading.get("phase"),
+                "elapsed_s": None if since is None else round(time.time() - since, 1)}
+
+    def _model(self, model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "mlxspec"}
+
+    def do_OPTIONS(self):
+        """A CORS preflight: 204 with the Access-Control-Allow-* headers for an allowed origin
+        (a foreign one is a 403 from the gate, without them, so the browser stops there)."""
+        try:
+            self._screen()
+        except RequestError as e:
+            return self._error(e)
+        self._disarm()
+        self._responded = True
+        self.send_response(204)
+        self.send_header("Allow", CORS_METHODS)
+        if self.headers.get("Origin"):
+            asked = [h.strip() for h in self.headers.get("Access-Control-Request-Headers", "").split(",")]
+            allowed = ["Authorization", "Content-Type"] + [h for h in asked if h and HEADER_NAME.match(h)
+                                                           and h.lower() not in ("authorization", "content-type")]
+            self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
+            self.send_header("Access-Control-Allow-Headers", ", ".join(allowed[:64]))
+            self.send_header("Access-Control-Max-Age", str(CORS_MAX_AGE))
+            self._cors()
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self):
         path = urlsplit(self.path).path
         try:
@@ -208,15 +280,26 @@ class Handler(BaseHTTPRequestHandler):
         except RequestError as e:
             return self._error(e)
         self._disarm()
+        s = self.server
         if path == "/health":
-            self._json(200, {"status": "ok", "model": self.server.model_id, **self.server.engine.health()})
+            if s.engine is None:
+                return self._json(503, self._loading_health(), headers={"Retry-After": "2"})
+            self._json(200, {"status": "ok", "model": s.model_id, **s.engine.health()})
         elif path in ("/", "/index.html"):
-            self._send(200, self.server.page, "text/html; charset=utf-8")
-        elif path in ("/v1/models", "/models"):
+            self._send(200, s.page, "text/html; charset=utf-8")
+        elif path in ("/v1/models", "/models") or path.startswith(("/v1/models/", "/models/")):
             if not self._authorized():
                 return self._error(unauthorized())
-            self._json(200, {"object": "list", "data": [
-                {"id": self.server.model_id, "object": "model", "created": 0, "owned_by": "mlxspec"}]})
+            if (e := self._not_ready()) is not None:
+                return self._error(e)
+            if path in ("/v1/models", "/models"):
+                return self._json(200, {"object": "list", "data": [self._model(s.model_id)]})
+            wanted = unquote(path.split("/models/", 1)[1])
+            if wanted not in s.model_ids:
+                return self._error(RequestError(f"model {printable(repr(wanted), 100)} is not served here; this "
+                                                f"server has {s.model_id!r} (GET /v1/models)", param="model",
+                                                status=404, code="model_not_found"))
+            self._json(200, self._model(wanted))
         else:
             self._error(RequestError(f"no such endpoint: GET {printable(path, 100)}", status=404, code="not_found"))
 
@@ -243,6 +326,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(f"no such endpoint: POST {printable(path, 100)}", status=404, code="not_found")
             if not self._authorized():
                 raise unauthorized()
+            if (e := self._not_ready()) is not None:
+                raise e
             check_json_type(self.headers)
             req = parse_request(kind, parse_json(self._body()))
             s = self.server
@@ -261,7 +346,8 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 s.engine.submit(job)
             except QueueFull as e:
-                raise RequestError(str(e), status=429, code="queue_full", kind="rate_limit_error")
+                raise RequestError(str(e), status=429, code="queue_full", kind="rate_limit_error",
+                                   headers={"Retry-After": str(e.retry_after)})
         except RequestError as e:
             return self._error(e)
         shapes = Shapes(kind, req.model or self.server.model_id)
@@ -292,12 +378,18 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
+        self._cors()
         self.end_headers()
         self.close_connection = True
         write = self.wfile.write
         if shapes.kind == "chat":
             write(sse(shapes.chunk(None, role=True)))
-        for ev in self._events(job):
+
+        def keepalive():  # an SSE comment: clients ignore it, proxies and idle timers see a live stream
+            write(b": keep-alive\n\n")
+            self.wfile.flush()
+
+        for ev in self._events(job, keepalive):
             if ev[0] == "text":
                 write(sse(shapes.chunk(ev[1], from_draft=ev[2])))
             elif ev[0] == "done":

@@ -3,8 +3,11 @@
 Numbers follow the same rules (core/options.py) as the CLI and the Python API.  Every
 malformed request is a `RequestError` carrying what the OpenAI API puts in
 its error object (message, param, code) and the HTTP status, raised before the
-request takes a place in the generation queue.  Fields the server does not use
-(`user`, `logprobs`, `tools`, ...) are ignored, as other local servers do.
+request takes a place in the generation queue.  A field that would change what
+an app gets back but that this server does not implement (`tools`,
+`response_format`, `logprobs`, a non-zero penalty, `n` > 1, ...: `UNSUPPORTED`)
+is a 400 naming it, never a silent 200 with something else; fields that change
+nothing in the reply (`user`, `metadata`, `store`, ...) are ignored.
 """
 
 from __future__ import annotations
@@ -17,14 +20,25 @@ from ..core.sampling import SamplingParams
 from ..util.untrusted import printable
 
 MAX_STOP_STRINGS = 4
+# Fields an app may set that would change the reply, which this server does not implement.  Each is
+# refused when set to anything but its "off" value (null always counts as off).
+UNSUPPORTED = {  # field: the values that leave the reply unchanged
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "logprobs": (False, 0),
+    "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},),
+    "best_of": (1,), "echo": (False,), "suffix": ("",), "modalities": (["text"],), "audio": (),
+    "prediction": (), "web_search_options": (), "reasoning_effort": (), "guided_json": (), "guided_regex": (),
+    "guided_choice": (), "guided_grammar": (), "json_schema": (), "grammar": (),
+}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class RequestError(Exception):
     def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+        self.headers = headers or {}  # extra response headers (Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -163,6 +177,20 @@ def parse_stop(body: dict) -> list[str]:
     return [x for x in stops if x]
 
 
+def _off(v, offs) -> bool:
+    return v is None or any(type(v) is type(o) and v == o or (type(o) is int and type(v) is float and v == o)
+                            for o in offs)
+
+
+def check_unsupported(body: dict) -> None:
+    """A 400 naming the first field that asks for something this server does not do."""
+    for name, offs in UNSUPPORTED.items():
+        if name in body and not _off(body[name], offs):
+            raise RequestError(f"'{name}' is not supported by mlxspec serve (got "
+                               f"{printable(json.dumps(body[name])[:40])}); leave it out", param=name,
+                               code="unsupported_parameter")
+
+
 def parse_request(kind: str, body: dict) -> GenRequest:
     """Check every field this server reads; the first problem is a RequestError."""
     model = body.get("model")
@@ -172,7 +200,9 @@ def parse_request(kind: str, body: dict) -> GenRequest:
     prompt = parse_prompt(body) if kind == "completion" else None
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
-        raise RequestError(f"'n' must be 1 (one completion per request), got {n}", param="n", code="invalid_value")
+        raise RequestError(f"'n' is not supported by mlxspec serve beyond 1 (one completion per request), got "
+                           f"{printable(json.dumps(n)[:40])}", param="n", code="unsupported_parameter")
+    check_unsupported(body)
     max_tokens = None
     for name in ("max_tokens", "max_completion_tokens"):  # the newer name wins when both are given
         v = _setting(body, name, "max_tokens")
