@@ -160,12 +160,19 @@ def make_drafter(pair, drafter: str | Drafter | None = None, p_min: float = 0.0,
 _calibrating = threading.Lock()
 
 
-def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None):
+def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_max=None, cost_profile=None):
     """An int k: draft exactly k per round (`FixedK`).  None or 'auto' (the default,
     for every drafter): `PerToken`, which drafts token by token while it pays per
     the pair's calibrated cost model (costs/cost_model.py; measured once and cached), up
     to `num_draft_max` tokens, and falls back to plain decoding when drafting is
-    predicted not to pay.  `cost`: a CostModel to use instead of the calibrated one."""
+    predicted not to pay.  `cost`: a CostModel to use instead of the calibrated one.
+    `cost_profile`: decide by another machine's costs instead (costs/profiles.py,
+    docs/profiles.md): a shipped profile's name ('apple-m3plus-7b', ...), a profile file,
+    or 'this-machine' (the calibration, the default)."""
+    if cost is None and cost_profile is not None:
+        from .costs.profiles import profile_cost
+
+        cost = profile_cost(cost_profile, drafter)  # a bad name or file: one line, even for a fixed k
     from .costs import calibration as calibration_cache, cost_model
     from .costs.draft_length import DEFAULT_MAX_K, PerToken
 
@@ -192,7 +199,7 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
 
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
                  num_draft_max=None, cost=None, tree: bool | None = None,
-                 max_kv_size: int | None = None) -> SpeculativeDecoder:
+                 max_kv_size: int | None = None, cost_profile=None) -> SpeculativeDecoder:
     """`tree`: None (the default) verifies draft trees where the pair supports them
     (trees/round.py; their size follows the cost model, so they stay chains where
     width does not pay), False verifies chains.  `max_kv_size`: bound the target's
@@ -200,7 +207,7 @@ def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draf
     first 4 and the latest ones; core/kv_window.py); the context limit stays the model's."""
     check_all(max_kv_size=max_kv_size)
     d = make_drafter(pair, drafter, p_min, draft_vocab, max_kv_size)
-    policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max)
+    policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max, cost_profile=cost_profile)
     return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
                               _target_name(pair), tree=tree, max_kv_size=max_kv_size)
 
@@ -274,7 +281,7 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
                     draft_vocab=None, num_draft_max=None, tree: bool | None = None,
-                    max_kv_size: int | None = None, **sampling) -> GenerationStream:
+                    max_kv_size: int | None = None, cost_profile=None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed.  `tree`, `max_kv_size`: see
     make_decoder (a `decoder` given keeps its own)."""
@@ -283,7 +290,8 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
-                                      num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size)
+                                      num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size,
+                                      cost_profile=cost_profile)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

@@ -74,6 +74,14 @@ def check_context(history: list[int], limit: int | None):
         )
 
 
+def _draft_state(drafter) -> ModelState | None:
+    """The ModelState a drafter's forwards run on (a hybrid drafter's model part's), or None."""
+    for d in (drafter, getattr(drafter, "model", None)):
+        if isinstance(getattr(d, "state", None), ModelState):
+            return d.state
+    return None
+
+
 class SpeculativeDecoder:
     """Owns the target's cache, a drafter and a draft-length policy.  Reusable
     across generations: the caches keep whatever prefix the next history shares."""
@@ -224,6 +232,10 @@ class SpeculativeDecoder:
         stats.prompt_tokens = len(history)
         stats.prompt_tokens_processed = self.target.positions - before + 1
         stats.prompt_time = time.perf_counter() - t0
+        rounds = stats.rounds  # a list: every round's work is recorded (positions per forward; no clock)
+        work = [self.target] + [s for s in (_draft_state(self.drafter),) if s is not None] if rounds is not None else []
+        for s in work:
+            s.widths = []
 
         produced, refed = 0, self.target.refed
         t_start = time.perf_counter()
@@ -273,6 +285,10 @@ class SpeculativeDecoder:
                 stats.draft_time += t_verify - t_draft
                 stats.verify_time += t_end - t_verify
                 stats.record_round(drafted, n, len(emit), rnd.stop_reason if k else "plain", depth)
+                if work:  # (draft forwards' widths, the target pass's positions, tokens emitted)
+                    rounds.append((tuple(work[1].widths) if len(work) > 1 else (), sum(work[0].widths), len(emit)))
+                    for s in work:
+                        s.widths.clear()
                 self.policy.update(rnd, outcomes, n + 1)
                 for i, tok in enumerate(emit):
                     history.append(tok)
@@ -288,3 +304,5 @@ class SpeculativeDecoder:
             if history:
                 self.target.sync(history)
             stats.refed_positions = self.target.refed - refed
+            for s in work:
+                s.widths = None

@@ -165,6 +165,8 @@ class MlxspecContender(Contender):
         self.drafter = drafter
         self.num_draft = num_draft if drafter != "none" else 0
         self.p_min = p_min
+        self.cost_profile = None  # `bench --profile`: decide by that profile's costs (costs/profiles.py)
+        self.cost_used = None  # the cost model its last decoder decided by (None: a fixed k)
 
     def unavailable(self, pair):
         if self.drafter == "none":
@@ -185,7 +187,10 @@ class MlxspecContender(Contender):
     def decoder(self, pair):
         from ..api import make_decoder
 
-        return make_decoder(pair, self.drafter, self.num_draft, self.p_min, tree=self.tree)
+        decoder = make_decoder(pair, self.drafter, self.num_draft, self.p_min, tree=self.tree,
+                               cost_profile=self.cost_profile)
+        self.cost_used = getattr(decoder.policy, "cost", None)
+        return decoder
 
     def stream(self, pair, ids, temp, max_tokens, seed, info):
         # the public streaming API, which detokenizes as it goes (as mlx-lm's does)
@@ -193,6 +198,7 @@ class MlxspecContender(Contender):
 
         stream = stream_generate(pair, ids, max_tokens=max_tokens, decoder=self.decoder(pair), temp=temp, seed=seed)
         info["stats"] = stream.stats
+        stream.stats.rounds = []  # each round's work, for `bench --profile` (bench/projection.py)
         for chunk in stream:
             if chunk.token >= 0:  # -1: the detokenizer's trailing text, no token
                 yield chunk.token, chunk.from_draft

@@ -59,6 +59,7 @@ DEFAULT_PROMPTS = 2  # per suite
 from ..errors import MlxspecError
 from ..core.options import MAX_NUM_DRAFT, BadValue, check
 from ..commands.options import model_options, typed
+from ..commands.profile_option import cost_profile_option
 
 SCHEMA = "mlxspec-bench/1"
 DEFAULT_SUITES = ("code", "chat", "grounded", "creative")
@@ -132,8 +133,11 @@ def _command() -> str:
 @click.option("--max-k", type=click.IntRange(1, MAX_NUM_DRAFT), default=6, show_default=True,
               help="--quick: the largest k to consider.")
 @click.option("--list", "list_only", is_flag=True, help="List the suites and contenders, then exit.")
+@cost_profile_option("--profile", "--cost-profile",
+                     help_extra=" Prints each contender's projected speed-up there (its recorded work priced by the "
+                                "profile) beside the measured one.")
 def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, repeats, max_tokens, num_draft,
-          contenders, seed, out, quick, max_k, list_only):
+          contenders, seed, out, quick, max_k, list_only, cost_profile=None):
     """Benchmark speculative decoding against plain decoding and mlx-lm, or (--quick) predict whether it pays."""
     temps_list = temps
     if quick and no_draft:
@@ -142,6 +146,9 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
     if not suite_objs:
         raise click.BadParameter("no suites given", param_hint="--suite")
     lineup = make_contenders(contenders, num_draft)
+    for c in lineup:
+        if isinstance(c, MlxspecContender):
+            c.cost_profile = cost_profile  # None / this-machine: the calibration
     if list_only:
         for s in suite_objs:
             click.echo(f"suite {s.name} ({len(s.prompts)} prompts, {s.path}): {s.description}")
@@ -193,11 +200,53 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
         **result,
     }
     click.echo(format_table(doc["summary"]))
+    if cost_profile is not None:
+        doc["projection"] = _projection(pair, lineup, result, cost_profile, max_tokens)
+        from ..bench.projection import format_projection
+
+        click.echo(format_projection(doc["projection"]["rows"], doc["summary"], cost_profile))
     paths = write_outputs(doc, Path(out) if out else _default_out(), echo)
     click.echo("wrote " + ", ".join(paths.values()))
     if result.get("interrupted"):
         echo("interrupted")
         sys.exit(130)  # the runs done so far are reported; the exit status says they are not all
+
+
+def _projection(pair, lineup, result, cost_profile, max_tokens) -> dict:
+    """Every contender's recorded work priced by the profile (bench/projection.py): mlxspec's
+    by the cost model its decoder decided by; fixed-k ones and mlx-lm's by the profile's
+    (this-machine: the calibration's) costs for the pair's draft model."""
+    from ..bench.projection import project
+    from ..costs import cost_model, profiles
+
+    prof = profiles.load_profile(cost_profile)
+    model_cost = []
+
+    def for_model_draft():
+        if not model_cost:
+            from ..api import make_drafter
+
+            d = make_drafter(pair, "model" if pair.draft is not None else "lookup")
+            if prof is not None:
+                model_cost.append(prof.cost_model(d))
+            else:
+                from ..costs import calibration
+
+                model_cost.append(calibration.for_decoder(pair, d))
+        return model_cost[0]
+
+    active = {c["name"] for c in result["contenders"]}
+    costs = {}
+    for c in lineup:
+        if c.name not in active:
+            continue
+        cm = getattr(c, "cost_used", None)
+        if cm is None:  # plain decoding costs one plain step a token whatever the model
+            cm = cost_model.assumed(0.0) if c.drafter in (None, "none") and not c.num_draft else for_model_draft()
+        costs[c.name] = cm
+    rows = project(result["runs"], result["contenders"], costs, max_tokens)
+    return {"profile": cost_profile, "figures": prof.to_dict() if prof is not None else None,
+            "costs": {k: v.describe() for k, v in costs.items()}, "rows": rows}
 
 
 def _pair_info(pair) -> dict:

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ..commands.profile_option import cost_profile_option
 from ..commands.options import draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 
 INTERRUPTED = 130
@@ -53,6 +54,7 @@ def mx_peak_gb() -> float:
 @sampling_options
 @draft_options
 @max_kv_size_option
+@cost_profile_option()
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
 @click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only).")
 @click.option("--show-prompt", is_flag=True, help="Print the prompt as the model sees it (template applied) to stderr.")
@@ -65,7 +67,7 @@ def mx_peak_gb() -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
              draft_vocab, tree, max_kv_size, ignore_chat_template, system, show_prompt, verbose, compare,
-             compare_repeats, as_json, **opts):
+             compare_repeats, as_json, cost_profile=None, **opts):
     """Generate text from a prompt, speculatively."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -83,7 +85,8 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
     needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
     pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
     decoder_kw = dict(drafter="none" if no_draft else drafter, num_draft=num_draft, p_min=draft_p_min,
-                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size)
+                      draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size,
+                      cost_profile=cost_profile)
     sampling = sampling_kwargs(opts)
     stream, interrupted, ids = None, False, []
     try:
@@ -93,6 +96,8 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
             click.echo(pair.tokenizer.decode(ids), err=True)
         mx_reset_peak()
         stream = stream_generate(pair, ids, max_tokens=max_tokens, **decoder_kw, **sampling)
+        if as_json:
+            stream.stats.rounds = []  # stats.rounds: each round's work (positions per forward), for pricing
         _say(f"[{pair.describe()}; {describe()}]")  # after the prompt and settings passed their checks
         for chunk in stream:
             if not as_json:

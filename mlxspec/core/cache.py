@@ -56,6 +56,7 @@ class ModelState:
         self.refed = 0  # of which fed again after a recurrent rollback (core/recurrent.py)
         self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
         self.compiled = None  # compiled_forward.CompiledForward: a draft model's compiled calls
+        self.widths: list | None = None  # a list: every call's positions are appended (the decoder's round record)
         self.reset()
 
     def sync(self, history: list[int]) -> list[int]:
@@ -126,6 +127,8 @@ class ModelState:
         if self.checkpoints:
             self.checkpoints.record(self.fed)
         self.positions += x.size
+        if self.widths is not None:
+            self.widths.append(x.size)
         return logits
 
     def prefill(self, history: list[int], should_stop=None) -> list[int]:

@@ -46,6 +46,8 @@ class GenerationStats:
     tree_siblings_taken: int = 0  # accepted nodes that were a later sibling (where a chain would have stopped)
     tree_lookup_taken: int = 0  # accepted nodes that prompt lookup proposed
     notes: list = field(default_factory=list)
+    rounds: list | None = None  # a list (set it before generating; `generate --json` and bench do): each round's
+    # work, (draft forwards' widths, target pass width, tokens emitted); None (the default): not recorded
 
     def record_round(self, k: int, n_accepted: int, n_emitted: int, stop_reason: str | None = None,
                      depth: int | None = None):
@@ -125,6 +127,8 @@ class GenerationStats:
             prompt_tps=self.prompt_tps,
             generation_tps=self.generation_tps,
         )
+        if self.rounds is not None:
+            d["rounds"] = [{"draft_widths": list(dw), "verify_width": v, "emitted": e} for dw, v, e in self.rounds]
         return d
 
     def summary(self) -> str:

@@ -120,6 +120,8 @@ class TreeBlock:
             _POSITIONS.reset(token)
             own.__dict__.pop("make_mask", None)
         state.positions += x.size
+        if state.widths is not None:
+            state.widths.append(x.size)
         return logits
 
     def commit(self, path: list[int]) -> None:
