@@ -272,10 +272,10 @@ class GenerationStream:
 
 
 def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
-            repetition_context_size=20, seed=None) -> SamplingParams:
+            repetition_context_size=20, seed=None, sampling=None) -> SamplingParams:
     return SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                           repetition_penalty=repetition_penalty,
-                          repetition_context_size=repetition_context_size, seed=seed)
+                          repetition_context_size=repetition_context_size, seed=seed, sampling=sampling)
 
 
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
@@ -283,7 +283,9 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
                     draft_vocab=None, num_draft_max=None, tree: bool | None = None,
                     max_kv_size: int | None = None, cost_profile=None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
-    repetition_penalty, repetition_context_size, seed.  `tree`, `max_kv_size`: see
+    repetition_penalty, repetition_context_size, seed, sampling ("coupled": the plain run's
+    text for a seed, token for token, whatever the draft -- the default with a seed;
+    "rejection": speculative rejection sampling, the default without one).  `tree`, `max_kv_size`: see
     make_decoder (a `decoder` given keeps its own)."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
               draft_vocab=draft_vocab, max_kv_size=max_kv_size)  # core/options.py's rules, as the CLI's: one line

@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from .core.acceptance import leading_accepted, verify
+from .core.acceptance import leading_accepted, verify, verify_coupled
+from .core.coupled import Coupling, new_coupling
 from .core.cache import ModelState
 from .costs.cost_model import assumed
 from .costs.draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
@@ -186,7 +187,10 @@ class SpeculativeDecoder:
         if params.uses_context:
             contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
         logprobs = process_logits(logits, params, contexts)
-        accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify)
+        if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i
+            accepted, next_tokens = verify_coupled(logprobs, mx.array(drafted, dtype=mx.uint32), k_verify, len(history))
+        else:
+            accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify)
         finite = mx.isfinite(logits.sum())
         mx.eval(accepted, next_tokens, finite)
         if not finite.item():
@@ -223,7 +227,8 @@ class SpeculativeDecoder:
         limit = self.context_length
         check_context(history, limit)
         self.check_tokens(history)
-        key = None if params.greedy else new_key(params.seed)
+        key = None if params.greedy or params.coupled else new_key(params.seed)
+        coupling = new_coupling(params.seed) if params.coupled else None  # noise by (seed, position): core/coupled.py
 
         t0 = time.perf_counter()
         before = self.target.positions
@@ -256,8 +261,10 @@ class SpeculativeDecoder:
                     self.policy.observe_refeed(riding if riding <= self.target.merge_limit else 0)
                 if key is not None:
                     key, k_draft, k_verify = mx.random.split(key, 3)
-                else:
-                    k_draft = k_verify = None
+                else:  # greedy, or coupled: the drafter and the verify get the Coupling (None when greedy)
+                    k_draft = k_verify = coupling
+                    if coupling is not None:
+                        coupling.forget_before(len(history))
 
                 t_draft = time.perf_counter()
                 if k and trees:

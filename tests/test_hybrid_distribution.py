@@ -44,7 +44,7 @@ def sample(target, draft, prompt, k=3, broken=False):
     counts, accepted, refed = {}, 0, 0
     for i in range(SAMPLES):
         s = GenerationStats()
-        seq = tuple(t for t, _ in dec.generate(list(prompt), SamplingParams(temp=1.0, seed=1000 + i),
+        seq = tuple(t for t, _ in dec.generate(list(prompt), SamplingParams(temp=1.0, seed=1000 + i, sampling="rejection"),
                                                max_tokens=LENGTH, stats=s))
         counts[seq] = counts.get(seq, 0) + 1
         accepted += s.draft_accepted

@@ -72,7 +72,8 @@ def sample_sequences(target, draft, params, k=2, samples=SAMPLES, prompt=PROMPT)
     dec = SpeculativeDecoder(target, drafter, FixedK(k) if isinstance(k, int) else k)
     counts, accepted = {}, 0
     for i in range(samples):
-        p = SamplingParams(**{**params.to_dict(), "seed": 1000 + i})
+        # the rejection rule under test (a seed alone would pick coupled sampling, tests/test_coupled_sampling.py)
+        p = SamplingParams(**{**params.to_dict(), "seed": 1000 + i, "sampling": params.sampling or "rejection"})
         from mlxspec.core.stats import GenerationStats
 
         s = GenerationStats()

@@ -59,7 +59,8 @@ def model_options(f):
 
 
 def sampling_options(f):
-    """--temp/--top-p/--top-k/--min-p/--repetition-penalty/--seed, shared by generate and chat."""
+    """--temp/--top-p/--top-k/--min-p/--repetition-penalty/--seed/--sampling, shared by generate, chat and serve."""
+    f = sampling_choice_option(f)
     f = click.option("--seed", type=typed("seed"), default=None,
                      help="Random seed: the same seed gives the same output.")(f)
     f = click.option("--repetition-penalty", type=typed("repetition_penalty"), default=1.0, show_default=True,
@@ -76,7 +77,19 @@ def sampling_options(f):
 
 def sampling_kwargs(o) -> dict:
     return dict(temp=o["temp"], top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"],
-                repetition_penalty=o["repetition_penalty"], seed=o["seed"])
+                repetition_penalty=o["repetition_penalty"], seed=o["seed"], sampling=o.get("sampling"))
+
+
+SAMPLING_HELP = ("How speculation samples at --temp > 0: coupled (Gumbel noise fixed by the seed and the "
+                 "token's position: the same seed gives plain decoding's text token for token, whatever is "
+                 "drafted; the default with --seed) or rejection (speculative rejection sampling; the "
+                 "default without --seed).  Both are exact.")
+
+
+def sampling_choice_option(f):
+    """--sampling coupled|rejection (core/coupled.py), in sampling_options and bench."""
+    return click.option("--sampling", "sampling", type=click.Choice(["coupled", "rejection"]), default=None,
+                        help=SAMPLING_HELP)(f)
 
 
 NUM_DRAFT_HELP = ("Draft tokens per round (0-16), or 'auto' (the default): draft token by token while the "

@@ -72,6 +72,15 @@ def verify(target_logprobs: mx.array, draft: mx.array, q: mx.array | None,
     return accepted, mx.random.categorical(fallback, key=k_next)
 
 
+def verify_coupled(target_logprobs: mx.array, draft: mx.array, coupling, start: int):
+    """Coupled sampling (core/coupled.py): row i is position start + i; the target's
+    choice there is argmax(log p + g); a draft is kept iff it equals that choice (the
+    greedy rule on perturbed log-probabilities).  Same return as `verify`."""
+    k = draft.shape[0]
+    best = coupling.choose(target_logprobs, range(start, start + k + 1))
+    return best[:k] == draft, best
+
+
 def leading_accepted(accepted: list[bool]) -> int:
     n = 0
     while n < len(accepted) and accepted[n]:

@@ -82,6 +82,24 @@ class Rule:
         return value
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A rule for a word from a fixed set (None: the default)."""
+
+    choices: tuple
+    words: str = ""
+    kind: type = str
+    keywords: tuple = ()
+
+    def describe(self) -> str:
+        return "must be " + " or ".join(repr(c) for c in self.choices) + (f" {self.words}" if self.words else "")
+
+    def check(self, name: str, value):
+        if value is None or (isinstance(value, str) and value in self.choices):
+            return value
+        raise BadValue(name, self.describe(), value)
+
+
 def _fmt(x) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
@@ -94,6 +112,7 @@ RULES = {
     "repetition_penalty": Rule(float, 0, low_open=True, words="(1 = off)"),
     "repetition_context_size": Rule(int, 1),
     "seed": Rule(int, 0, 2**64 - 1),
+    "sampling": Choice(("coupled", "rejection"), words="(default: coupled with a seed, else rejection)"),
     "max_tokens": Rule(int, 1),
     "num_draft": Rule(int, 0, MAX_NUM_DRAFT, words="(0 = plain decoding)", keywords=("auto",)),
     "num_draft_max": Rule(int, 0, MAX_NUM_DRAFT, words="(0 = plain decoding)"),

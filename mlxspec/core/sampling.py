@@ -29,17 +29,25 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     repetition_context_size: int = 20
     seed: int | None = None
+    sampling: str | None = None  # "coupled" | "rejection"; None: coupled with a seed, else rejection (core/coupled.py)
 
     def __post_init__(self):
         """Every field checked by core/options.py's rules: a bad one is a one-line BadValue (an MlxspecError)."""
         from .options import check
 
-        for name in ("temp", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_context_size", "seed"):
+        for name in ("temp", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_context_size", "seed", "sampling"):
             object.__setattr__(self, name, check(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
         return self.temp == 0
+
+    @property
+    def coupled(self) -> bool:
+        """Gumbel-coupled sampling (core/coupled.py): seeded output is the plain run's token for token."""
+        if self.greedy:
+            return False
+        return self.sampling == "coupled" or (self.sampling is None and self.seed is not None)
 
     @property
     def uses_context(self) -> bool:

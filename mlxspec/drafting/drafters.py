@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .. import cpu
 from ..core.cache import ModelState, common_prefix
+from ..core.coupled import Coupling
 from ..costs.draft_length import Round
 from ..errors import MlxspecError
 from ..core.sampling import SamplingParams, process_logits, sample
@@ -115,7 +116,8 @@ class ModelDrafter(Drafter):
         rnd = rnd if rnd is not None else Round(None, k)
         state = self.state
         pending = state.sync(history)
-        keys = mx.random.split(key, k) if key is not None else [None] * k
+        coupling = key if isinstance(key, Coupling) else None  # coupled sampling: argmax(log q + g_position)
+        keys = mx.random.split(key, k) if key is not None and coupling is None else [None] * k
         x = mx.array(pending, dtype=mx.uint32)
         tokens, qs, confs, forwards = [], [], [], 0
         for i in range(k):
@@ -125,7 +127,10 @@ class ModelDrafter(Drafter):
             forwards += 1
             context = [history + tokens] if params.uses_context else None
             lp, tok, lq = self._distribution(logits, params, context)
-            if lp is not None:
+            if lp is not None and coupling is not None:
+                tok = coupling.choose(lp, [len(history) + len(tokens)])  # the same g_t the target uses
+                lq = mx.take_along_axis(lp, tok[:, None], axis=-1)[:, 0]  # q(x): any rule is exact when coupled
+            elif lp is not None:
                 tok = sample(lp, params, keys[i])
                 lq = lp.max(axis=-1)
             mx.eval(tok, lq)
@@ -147,7 +152,7 @@ class ModelDrafter(Drafter):
             state.tokens.extend(pending + tokens[: forwards - 1])
         if not tokens:
             return EMPTY
-        q = None if params.greedy else cpu.probabilities(mx.concatenate(qs, axis=0))
+        q = None if params.greedy or coupling is not None else cpu.probabilities(mx.concatenate(qs, axis=0))
         return Proposal(tokens, q, confs)
 
 

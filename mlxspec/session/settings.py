@@ -47,7 +47,11 @@ def check_options(*, pair=None, model=_UNSET, draft=_UNSET, max_tokens=_UNSET, n
 
 def sampling_params(base, changes: dict) -> SamplingParams:
     """`base` (a SamplingParams, a dict of its fields, or None) with `changes`
-    applied, checked: an unknown name or a value out of range is one line."""
+    applied, checked: an unknown name or a value out of range is one line.  A string `base`
+    is the sampling method ("coupled" or "rejection": `Session(sampling="coupled")`, as the API's
+    `sampling=`)."""
+    if isinstance(base, str):
+        base = {"sampling": base}
     if base is not None and not isinstance(base, (SamplingParams, dict)):
         raise SessionSettingError(f"sampling must be a SamplingParams or a dict, got {type(base).__name__}")
     fields = base.to_dict() if isinstance(base, SamplingParams) else dict(base or {})

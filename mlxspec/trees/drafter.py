@@ -79,9 +79,12 @@ class TreeDraft:
     """One round's tree from a ModelDrafter, and what its cache must keep afterwards."""
 
     def __init__(self, drafter, history: list[int], params: SamplingParams, rng: np.random.Generator | None,
-                 budget: TreeBudget, lookup=None):
-        """`lookup`: a PromptLookupDrafter, whose continuations are the tree's spines."""
+                 budget: TreeBudget, lookup=None, coupling=None):
+        """`lookup`: a PromptLookupDrafter, whose continuations are the tree's spines.
+        `coupling`: coupled sampling (core/coupled.py): children are the draft's top tokens
+        by log q + g_position, as greedy trees' are by log q, and the tree is cut as greedy."""
         self.drafter, self.params, self.rng, self.budget = drafter, params, rng, budget
+        self.coupling = coupling
         self.history, self.lookup = history, lookup
         self.tree = DraftTree()
         self.fed: dict[int, int] = {}  # tree node -> draft block index
@@ -96,7 +99,7 @@ class TreeDraft:
         spine = self._lookup_under(-1, m)
         logits = self.block.forward(pending + spine, list(range(-1, m + len(spine) - 1)), self._width(m + len(spine)))
         self._grow(logits[m - 1:], spine)
-        if params.greedy:
+        if params.greedy or coupling is not None:
             self._select()
 
     def _select(self) -> None:
@@ -122,6 +125,8 @@ class TreeDraft:
         sub = d.subset
         if params.greedy and not params.uses_context:
             lp = cpu.normalise(logits if sub is not None else fit_rows(logits, d.rows))  # a subset's own ids
+            if lp.dtype != mx.float32:  # a float16 / bfloat16 draft (numpy has no bfloat16)
+                lp = lp.astype(mx.float32)
             mx.eval(lp)
             lp = np.array(lp, copy=False)
             top = top_columns(lp, MAX_BRANCH)
@@ -136,6 +141,13 @@ class TreeDraft:
         lp = process_logits(d.full_logits(logits), params, contexts)
         q = np.array(cpu.probabilities(lp.astype(mx.float32)), dtype=np.float64)
         out = []
+        if self.coupling is not None:  # the same g_t as the target: rank by log q + g
+            scores = self.coupling.perturbed(lp.astype(mx.float32), [len(self.history) + len(p) for p in paths])
+            top = top_columns(np.array(scores, dtype=np.float32), MAX_BRANCH)
+            for row, order in zip(q, top):
+                ranked = [(int(t), float(row[t])) for t in order if row[t] > 0] or [(int(order[0]), 0.0)]
+                out.append((ranked[0][1], ranked, None, ranked[0][0]))
+            return out
         for row in q:
             row = row / row.sum()
             best = int(np.argmax(row))

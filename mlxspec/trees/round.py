@@ -20,6 +20,7 @@ import numpy as np
 from .. import cpu
 from ..drafting.drafters import ModelDrafter
 from ..errors import MlxspecError
+from ..core.coupled import Coupling
 from ..core.kv_window import is_bounded
 from ..core.sampling import SamplingParams, process_logits
 from . import acceptance as tree_acceptance
@@ -79,8 +80,9 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     """`lookup`: a PromptLookupDrafter whose continuation is the tree's spine (trees/drafter.py)."""
     t0 = time.perf_counter()
     budget = TreeBudget(policy, k)
-    rng = None if params.greedy else np.random.default_rng(_seed(k_draft))
-    draft = TreeDraft(drafter, history, params, rng, budget, lookup)
+    coupling = k_draft if isinstance(k_draft, Coupling) else None  # coupled sampling (core/coupled.py)
+    rng = None if params.greedy or coupling is not None else np.random.default_rng(_seed(k_draft))
+    draft = TreeDraft(drafter, history, params, rng, budget, lookup, coupling)
     draft_time = time.perf_counter() - t0
     tree = draft.tree
     pending = target.sync(history)
@@ -93,7 +95,10 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
         contexts = [history] + [history + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
     lp = process_logits(logits, params, contexts)
     finite = mx.isfinite(logits.sum())
-    if params.greedy:
+    if coupling is not None:  # row 0 is position len(history); the row after node j, len(history) + its depth
+        best = coupling.choose(lp, [len(history)] + [len(history) + tree.depth(j) for j in range(len(tree))])
+        mx.eval(best, finite)
+    elif params.greedy:
         best = mx.argmax(lp, axis=-1)
         mx.eval(best, finite)
     else:
@@ -102,7 +107,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     if not finite.item():
         raise MlxspecError(f"{target_name} produced NaN/inf logits: its weights are corrupt or overflow "
                            "in this dtype; re-convert or re-download it")
-    if params.greedy:
+    if params.greedy or coupling is not None:  # coupled: walk the target's argmax(log p + g)
         path, nxt = walk_greedy(tree, best.tolist())
     else:
         path, nxt = tree_acceptance.walk_sample(tree, np.array(p, dtype=np.float64), np.random.default_rng(_seed(k_verify)))
