@@ -196,7 +196,8 @@ class MlxspecContender(Contender):
         # the public streaming API, which detokenizes as it goes (as mlx-lm's does)
         from ..api import stream_generate
 
-        stream = stream_generate(pair, ids, max_tokens=max_tokens, decoder=self.decoder(pair), temp=temp, seed=seed)
+        stream = stream_generate(pair, ids, max_tokens=max_tokens, decoder=self.decoder(pair), temp=temp, seed=seed,
+                                 sampling=getattr(self, "sampling", None))  # bench --sampling (core/coupled.py)
         info["stats"] = stream.stats
         stream.stats.rounds = []  # each round's work, for `bench --profile` (bench/projection.py)
         for chunk in stream:

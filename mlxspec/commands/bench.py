@@ -58,7 +58,7 @@ from ..bench.runner import DEFAULT_MAX_TOKENS, WARMUP_TOKENS, run_benchmark  # n
 DEFAULT_PROMPTS = 2  # per suite
 from ..errors import MlxspecError
 from ..core.options import MAX_NUM_DRAFT, BadValue, check
-from ..commands.options import model_options, typed
+from ..commands.options import model_options, sampling_choice_option, typed
 from ..commands.profile_option import cost_profile_option
 
 SCHEMA = "mlxspec-bench/1"
@@ -133,11 +133,12 @@ def _command() -> str:
 @click.option("--max-k", type=click.IntRange(1, MAX_NUM_DRAFT), default=6, show_default=True,
               help="--quick: the largest k to consider.")
 @click.option("--list", "list_only", is_flag=True, help="List the suites and contenders, then exit.")
+@sampling_choice_option
 @cost_profile_option("--profile", "--cost-profile",
                      help_extra=" Prints each contender's projected speed-up there (its recorded work priced by the "
                                 "profile) beside the measured one.")
 def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, repeats, max_tokens, num_draft,
-          contenders, seed, out, quick, max_k, list_only, cost_profile=None):
+          contenders, seed, out, quick, max_k, list_only, cost_profile=None, sampling=None):
     """Benchmark speculative decoding against plain decoding and mlx-lm, or (--quick) predict whether it pays."""
     temps_list = temps
     if quick and no_draft:
@@ -149,6 +150,7 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
     for c in lineup:
         if isinstance(c, MlxspecContender):
             c.cost_profile = cost_profile  # None / this-machine: the calibration
+            c.sampling = sampling  # None: coupled (the run always has a seed); rejection on request
     if list_only:
         for s in suite_objs:
             click.echo(f"suite {s.name} ({len(s.prompts)} prompts, {s.path}): {s.description}")
@@ -195,7 +197,7 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
         "config": {"suites": [s.name for s in suite_objs], "suite_files": [s.path for s in suite_objs],
                    "prompts_per_suite": prompts_per_suite, "temps": temps_list, "repeats": repeats,
                    "max_tokens": max_tokens, "num_draft": num_draft,
-                   "contenders": ",".join(c.spec for c in lineup), "seed": seed,
+                   "contenders": ",".join(c.spec for c in lineup), "seed": seed, "sampling": sampling or "coupled",
                    "warmup_tokens": WARMUP_TOKENS, "chat_template": bool(getattr(pair.tokenizer, "chat_template", None))},
         **result,
     }
