@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from .core.acceptance import leading_accepted, verify, verify_coupled
+from .core.acceptance import leading_accepted, near_ties, verify, verify_coupled
 from .core.coupled import Coupling, new_coupling
 from .core.cache import ModelState
 from .costs.cost_model import assumed
@@ -175,7 +175,8 @@ class SpeculativeDecoder:
 
     def _chain_round(self, history, k, params, k_draft, k_verify, rnd):
         """Draft a chain of up to k tokens and verify it: (time drafting ended,
-        drafted count, accepted tokens, next token, (confidence, kept) outcomes)."""
+        drafted count, accepted tokens, next token, (confidence, kept) outcomes, near-tie
+        flags of the emitted rows (greedy; else None))."""
         proposal = self.drafter.propose(history, k, params, k_draft, rnd) if k else EMPTY
         t_verify = time.perf_counter()
         drafted = proposal.tokens
@@ -192,14 +193,16 @@ class SpeculativeDecoder:
         else:
             accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify)
         finite = mx.isfinite(logits.sum())
-        mx.eval(accepted, next_tokens, finite)
+        ties = near_ties(logits, logprobs) if params.greedy else None
+        mx.eval(accepted, next_tokens, finite, *([ties] if ties is not None else []))
         if not finite.item():
             raise MlxspecError(
                 f"{self.target_name} produced NaN/inf logits: its weights are corrupt or overflow "
                 "in this dtype; re-convert or re-download it")
         n = leading_accepted(accepted.tolist())
         outcomes = list(zip(proposal.confidence, [True] * n + [False]))[: n + 1]
-        return t_verify, len(drafted), drafted[:n], next_tokens.tolist()[n], outcomes
+        return (t_verify, len(drafted), drafted[:n], next_tokens.tolist()[n], outcomes,
+                None if ties is None else ties.tolist()[: n + 1])
 
     def generate(self, history: list[int], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
@@ -272,11 +275,11 @@ class SpeculativeDecoder:
                                        k_draft, k_verify, self.target_name, self.lookup)
                     stats.record_tree(r.nodes, r.depth, len(r.accepted), r.siblings_taken, r.lookup_taken)
                     drafted, accepted, nxt, outcomes, rnd = r.nodes, r.accepted, r.next_token, r.outcomes, r.budget
-                    t_verify, depth = t_draft + r.draft_time, r.depth
+                    t_verify, depth, ties = t_draft + r.draft_time, r.depth, r.ties
                 else:
                     rnd = self.policy.round(k) if k else Round(None, 0)
-                    t_verify, drafted, accepted, nxt, outcomes = self._chain_round(history, k, params, k_draft,
-                                                                                   k_verify, rnd)
+                    t_verify, drafted, accepted, nxt, outcomes, ties = self._chain_round(history, k, params, k_draft,
+                                                                                         k_verify, rnd)
                     depth = None
                 t_end = time.perf_counter()
                 n = len(accepted)
@@ -292,6 +295,8 @@ class SpeculativeDecoder:
                 stats.draft_time += t_verify - t_draft
                 stats.verify_time += t_end - t_verify
                 stats.record_round(drafted, n, len(emit), rnd.stop_reason if k else "plain", depth)
+                decided = len(emit) + (stats.finish_reason == "stop")  # the EOS was decided here too
+                stats.record_near_ties(produced, (ties or [])[:decided])
                 if work:  # (draft forwards' widths, the target pass's positions, tokens emitted)
                     rounds.append((tuple(work[1].widths) if len(work) > 1 else (), sum(work[0].widths), len(emit)))
                     for s in work:

@@ -15,12 +15,42 @@ def is_gpu() -> bool:
     return mx.default_device().type == mx.DeviceType.gpu
 
 
-def compute_dtype():
-    """float32 on the CPU backend (the only dtype with fast BLAS), None on GPU
+DTYPES = ("float32", "float16", "bfloat16")
+_requested: str | None = None  # `--dtype`, for every model this process loads from then on
+
+
+def request_dtype(name: str | None) -> None:
+    """`--dtype NAME`: models load and compute in NAME from now on (None: the default)."""
+    global _requested
+    if name is not None and name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    _requested = name
+
+
+def compute_dtype(requested: str | None = None):
+    """The dtype models compute in: `requested` (or `--dtype`) when given; else
+    float32 on the CPU backend (the only dtype with fast BLAS), None on GPU
     (keep the weights' own dtype)."""
     import mlx.core as mx
 
+    name = requested or _requested
+    if name is not None:
+        if name not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+        return getattr(mx, name)
     return None if is_gpu() else mx.float32
+
+
+def model_dtype(model) -> str | None:
+    """The dtype `model` computes in: that of its first floating-point parameter
+    (a quantized layer's scales), e.g. "float16"; None when it has none."""
+    from mlx.utils import tree_flatten
+
+    for _, v in tree_flatten(model.parameters()) if hasattr(model, "parameters") else ():
+        name = str(getattr(v, "dtype", "")).rpartition(".")[2]
+        if name.startswith(("float", "bfloat")):
+            return name
+    return None
 
 
 def describe() -> str:

@@ -23,7 +23,7 @@ SUMMARY_FIELDS = {
     "temp", "suite", "contender", "prompts", "runs", "tokens_per_s", "e2e_tokens_per_s", "speedup",
     "speedup_per_prompt", "e2e_speedup", "acceptance_rate", "draft_proposed", "draft_accepted", "mean_accepted_length",
     "draft_token_share", "generated_tokens", "peak_memory_bytes", "greedy_match", "tree_nodes_per_round",
-    "tree_depth_per_round",
+    "tree_depth_per_round", "near_ties",
 }
 DOC_FIELDS = {
     "schema", "command", "date", "machine", "load_average_start", "versions", "pair", "config", "contenders",

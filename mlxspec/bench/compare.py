@@ -69,11 +69,17 @@ def compare(pair, ids: list[int], decoder_kw: dict, sampling: dict, *, max_token
         echo(f"[compare {r + 1}/{repeats}: plain {tps['plain']:.2f} tok/s, speculative {tps['speculative']:.2f} "
              f"tok/s: {ratio:.2f}x]")
     verdict = spread_verdict([r["speedup"] for r in runs])
-    return {**verdict, "plain_tps": statistics.median(r["plain_tps"] for r in runs),
+    near = {side: _near_ties(runs[-1][f"{side}_stats"]) for side in ("plain", "speculative")}
+    return {**verdict, "near_ties": near if temp == 0 else None, "plain_tps": statistics.median(r["plain_tps"] for r in runs),
             "speculative_tps": statistics.median(r["speculative_tps"] for r in runs),
             "same_tokens": all(r["same_tokens"] for r in runs), "greedy": temp == 0, "runs": runs,
             "method": f"{WARMUP_TOKENS}-token warm-up each, then {repeats} interleaved runs of each; decode rate "
                       "after the first round (as mlxspec bench)"}
+
+
+def _near_ties(stats) -> int | None:
+    """Greedy tokens whose two best logits were within the dtype's rounding (core/acceptance.py)."""
+    return stats.get("near_ties") if isinstance(stats, dict) else getattr(stats, "near_ties", None)
 
 
 def describe(c: dict) -> str:
@@ -84,6 +90,9 @@ def describe(c: dict) -> str:
             f"{rng}); plain {c['plain_tps']:.2f} tok/s, speculative {c['speculative_tps']:.2f} tok/s")
     if c["greedy"]:
         text += f"; identical output: {c['same_tokens']}"
+        near = c.get("near_ties") or {}
+        if near.get("speculative"):
+            text += f"; near-ties {near['speculative']} (where rounding may pick the other token)"
     if c["within_noise"]:
         text += ("; within noise: the runs do not agree which side is faster" if n > 1
                  else "; one run cannot tell a speed-up from noise (--compare-repeats 3)")

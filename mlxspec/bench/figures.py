@@ -101,5 +101,6 @@ def summarize(records: list[dict], contenders: list[str], baseline: str = "plain
                     if tree_rounds else None,
                     "tree_depth_per_round": sum(t.get("tree_depth", 0) for t in trees) / tree_rounds
                     if tree_rounds else None,
+                    "near_ties": sum(t.get("near_ties", 0) for t in trees),  # greedy: top-2 within rounding
                 })
     return rows

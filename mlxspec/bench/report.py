@@ -139,6 +139,14 @@ def markdown(doc: dict) -> str:
         for row in table_rows(doc["summary"], temp):
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    per = {}
+    for row in doc["summary"]:
+        if row.get("temp") == 0 and row.get("suite") != "all" and row.get("near_ties"):
+            per[row["contender"]] = per.get(row["contender"], 0) + row["near_ties"]
+    ties = [f"{c} {n}" for c, n in per.items()]
+    if ties:
+        lines += ["Near-ties (greedy tokens whose two best logits were within the dtype's rounding; only there "
+                  "can output differ from one-position decoding): " + ", ".join(ties) + ".", ""]
     mism = [r for r in doc["runs"] if r.get("matches_plain") is False]
     if mism:
         lines += ["## Greedy outputs that differ from plain decoding", ""]
@@ -146,6 +154,8 @@ def markdown(doc: dict) -> str:
             gap = r.get("near_tie_gap")
             why = "" if gap is None else (f"; target logit gap {gap:.3g}: "
                                           + ("a near-tie (float rounding)" if r.get("near_tie") else "NOT a near-tie"))
+            if r.get("counted_near_tie") is not None:
+                why += "; counted as a near-tie by the run" if r["counted_near_tie"] else "; NOT counted as a near-tie"
             lines.append(f"- {r['contender']} on {r['prompt']} (repeat {r['repeat']}): first difference at token "
                          f"{r['first_divergence']}{why}")
         lines.append("")

@@ -77,6 +77,8 @@ def explain_divergences(pair, records: list[dict], ids_by_prompt: dict) -> None:
         if i is None or i >= len(ref) or i >= len(r["tokens"]):
             r["near_tie_gap"] = None
             continue
+        counted = (r.get("mlxspec_stats") or {}).get("near_tie_positions")
+        r["counted_near_tie"] = None if counted is None else i in counted  # the runtime's own count (core/acceptance.py)
         gap = logit_gap(pair.target, ids_by_prompt[r["prompt"]] + ref[:i], ref[i], r["tokens"][i])
         r["near_tie_gap"] = gap
         r["near_tie"] = gap < NEAR_TIE

@@ -47,8 +47,19 @@ def _drafter_option(ctx, param, value):
         raise click.BadParameter(str(e))
 
 
+def _dtype_option(ctx, param, value):
+    from ..device import request_dtype
+
+    request_dtype(value)  # before anything is loaded: every model of this command computes in it
+    return value
+
+
 def model_options(f):
-    """--model/--draft/--no-draft, shared by generate, chat, bench and calibrate."""
+    """--model/--draft/--no-draft/--dtype, shared by generate, chat, serve, bench and calibrate."""
+    f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+                     expose_value=False, callback=_dtype_option,
+                     help="What the models compute in (default: float32 on the CPU backend, the weights' "
+                          "own dtype on a GPU); the Linux CPU kernels are float32 only.")(f)
     f = click.option("--no-draft", is_flag=True, help="Plain target decoding (same code path, for comparisons).")(f)
     f = click.option("--draft", "--draft-model", "draft", default=None,
                      help="Draft model (folder, .gguf, catalog name or cached repo id); --draft-model is "

@@ -51,6 +51,39 @@ def residual(p: mx.array, q: mx.array | None, draft: mx.array) -> mx.array:
     return mx.where(total > 0, r / mx.maximum(total, 1e-30), p)
 
 
+# Near-ties (greedy): speculative greedy output is the target's argmax as its verify pass
+# computes it.  A pass over several positions need not round as a one-position step does
+# (another summation order), so against one-position decoding the output can differ only
+# where the two best logits are within the dtype's rounding of each other.  A row is a
+# near-tie when   top1 - top2 <= NEAR_TIE_ULPS * EPS[dtype] * max(|top logit|, 1),
+# EPS the dtype's machine epsilon (the spacing of numbers in [1, 2)), dtype and top logit
+# those of the raw logits the model produced, top1 - top2 measured on the scores the argmax
+# is taken of.  The runtime counts near-ties on the positions it emits (stats.near_ties).
+EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+NEAR_TIE_ULPS = 8
+
+
+def near_tie_threshold(dtype, top: float) -> float:
+    """How close the two best logits of a row computed in `dtype` (an mx.Dtype or its
+    name) with top logit `top` must be to count as a near-tie."""
+    name = str(dtype).rpartition(".")[2]
+    return NEAR_TIE_ULPS * EPS.get(name, EPS["float32"]) * max(abs(float(top)), 1.0)
+
+
+def near_ties(logits: mx.array, scores: mx.array) -> mx.array:
+    """Lazy (N,) bool: rows of `scores` (what the argmax is taken of, (N, V)) whose two
+    best values are within the rounding of `logits` (the raw (N, V) logits, in the
+    model's dtype): see NEAR_TIE_ULPS."""
+    name = str(logits.dtype).rpartition(".")[2]
+    eps = NEAR_TIE_ULPS * EPS.get(name, EPS["float32"])
+    if scores.shape[-1] < 2:
+        return mx.zeros(scores.shape[:-1], dtype=mx.bool_)
+    two = mx.topk(scores.astype(mx.float32), 2, axis=-1)
+    gap = mx.abs(two[..., 0] - two[..., 1])
+    top = mx.maximum(mx.abs(mx.max(logits, axis=-1).astype(mx.float32)), 1.0)
+    return gap <= eps * top
+
+
 def verify(target_logprobs: mx.array, draft: mx.array, q: mx.array | None,
            params: SamplingParams, key: mx.array | None):
     """Lazy verify of k drafts against k+1 target rows.

@@ -48,6 +48,8 @@ class GenerationStats:
     notes: list = field(default_factory=list)
     rounds: list | None = None  # a list (set it before generating; `generate --json` and bench do): each round's
     # work, (draft forwards' widths, target pass width, tokens emitted); None (the default): not recorded
+    near_ties: int = 0  # greedy: emitted tokens whose two best logits were within rounding (core/acceptance.py)
+    near_tie_positions: list = field(default_factory=list)  # their indices in the generated tokens (first 100)
 
     def record_round(self, k: int, n_accepted: int, n_emitted: int, stop_reason: str | None = None,
                      depth: int | None = None):
@@ -70,6 +72,14 @@ class GenerationStats:
             self.tokens_speculative += n_emitted
         else:
             self.tokens_plain += n_emitted
+
+    def record_near_ties(self, start: int, flags) -> None:
+        """`flags[i]`: the verify row that chose generated token `start + i` was a near-tie."""
+        for i, flag in enumerate(flags):
+            if flag:
+                self.near_ties += 1
+                if len(self.near_tie_positions) < 100:
+                    self.near_tie_positions.append(start + i)
 
     def record_tree(self, nodes: int, depth: int, path: int, siblings_taken: int = 0, lookup_taken: int = 0):
         self.tree_rounds += 1
@@ -149,6 +159,8 @@ class GenerationStats:
                 parts.append(f"trees {t['mean_nodes']:.1f} nodes, depth {t['mean_depth']:.1f}, "
                              f"path {t['mean_accepted_path']:.1f}")
         parts.append(f"drafter {self.drafter}")
+        if self.near_ties:
+            parts.append(f"{self.near_ties} near-tie{'s' if self.near_ties != 1 else ''} (top-2 logits within rounding)")
         if any(n.startswith("fallback") for n in self.notes):
             parts.append(f"fell back to plain decoding: {self.tokens_plain} plain / {self.tokens_speculative} speculative tokens")
         parts.append(f"prompt {self.prompt_tokens} tok at {self.prompt_tps:.1f} tok/s")

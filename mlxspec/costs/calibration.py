@@ -75,6 +75,11 @@ def cache_key(pair, drafter) -> str | None:
              "machine": platform.machine(), "target": target, "draft": draft,
              "drafter": getattr(drafter, "cost_key", drafter.name),
              **cpu.signature(pair, draft is not None)}  # the CPU accelerator's state: kernel, layout, ...
+    from ..device import model_dtype
+
+    dtype = model_dtype(getattr(pair, "target", None))
+    if dtype not in (None, "float32"):  # --dtype float16 / bfloat16 (float32 keeps the keys it had)
+        ident["dtype"] = dtype
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 

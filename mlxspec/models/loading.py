@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..device import compute_dtype
+from ..device import compute_dtype, model_dtype  # noqa: F401 (model_dtype public here too)
 from ..core.cache import check_rollback
 from .tokenizer_compat import Compatibility, require_compatible
 from ..errors import MlxspecError
@@ -66,10 +66,10 @@ class Pair:
     def describe(self) -> str:
         """One line naming both models (catalog name, source format, compute dtype) and
         how the draft was chosen: the header line of `generate` and `chat`."""
-        t = model_label(self.target_path, self.target_config)
+        t = model_label(self.target_path, self.target_config, model_dtype(self.target))
         if self.draft is None:
             return f"{t}; {self.draft_note or 'no draft model'}"
-        d = model_label(self.draft_path, self.draft_config)
+        d = model_label(self.draft_path, self.draft_config, model_dtype(self.draft))
         return f"{t} drafted by {d}" + (f", {self.draft_note}" if self.draft_note else "")
 
 
@@ -84,7 +84,7 @@ def model_name(path: Path, config: dict) -> str:
     return printable(source.get("general.name") or source.get("source") or path.name, 120)
 
 
-def model_label(path: Path, config: dict) -> str:
+def model_label(path: Path, config: dict, dtype: str | None = None) -> str:
     """model_name plus what the weights came from and the dtype they compute in:
     "qwen2.5-coder-0.5b (GGUF Q4_K_M, float32)"."""
     source = _source(config)
@@ -97,10 +97,10 @@ def model_label(path: Path, config: dict) -> str:
         origin = "MLX"
     from ..device import compute_dtype
 
-    dtype = compute_dtype()
-    if dtype is not None:
-        dtype = str(dtype).rpartition(".")[2]
-    else:
+    if dtype is None:
+        dtype = compute_dtype()
+        dtype = None if dtype is None else str(dtype).rpartition(".")[2]
+    if dtype is None:
         cfg = config or {}
         dtype = printable(str(cfg.get("torch_dtype") or cfg.get("dtype") or "own dtype"), 20)
     return f"{model_name(path, config)} ({origin}, {dtype})"
@@ -151,8 +151,10 @@ def default_draft(target) -> tuple[str | None, str]:
     return None, "no draft model"
 
 
-def load_model_dir(path: Path, name: str = "model"):
-    """(model, tokenizer, config) from an MLX model folder, float32 on CPU.
+def load_model_dir(path: Path, name: str = "model", dtype: str | None = None):
+    """(model, tokenizer, config) from an MLX model folder, in `dtype` (float32,
+    float16 or bfloat16; default `--dtype`, else float32 on CPU, the weights' own on GPU).
+    The Linux CPU accelerator (cpu/) is float32 only: a model in another dtype runs on MLX's own ops.
 
     Nothing from the folder is executed: a config asking for custom model code
     (`model_file`) is refused, and `auto_map` is ignored (util/untrusted.py)."""
@@ -169,11 +171,12 @@ def load_model_dir(path: Path, name: str = "model"):
     try:
         model, config = load_model(path, lazy=True, trust_remote_code=False,
                                    get_model_classes=model_classes(path, name))
-        dtype = compute_dtype()
-        if dtype is not None:  # cast while loading: a float16 folder never sits in memory twice
-            model.set_dtype(dtype)
+        want = compute_dtype(dtype)
+        if want is not None:  # cast while loading: a float16 folder never sits in memory twice
+            model.set_dtype(want)
         mx.eval(model.parameters())
-        cpu.prepare(model, name)  # the Linux CPU accelerator (cpu/): a no-op on Metal or when switched off
+        if want is None or want == mx.float32:  # the accelerator's kernels are float32 only
+            cpu.prepare(model, name)  # the Linux CPU accelerator (cpu/): a no-op on Metal or when switched off
     except MlxspecError:
         raise  # config.json's own faults (models/model_files.py), named as such
     except FileNotFoundError as e:
@@ -208,7 +211,8 @@ def _embedding_rows(config: dict) -> int | None:
     return config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
 
 
-def load(target: str | Path | None = None, draft: str | Path | None = None, *, no_draft: bool = False) -> Pair:
+def load(target: str | Path | None = None, draft: str | Path | None = None, *, no_draft: bool = False,
+         dtype: str | None = None) -> Pair:
     """Load a target and (optionally) a draft model.
 
     With no target, the default pair (Qwen2.5-Coder 1.5B drafted by 0.5B) is
@@ -216,7 +220,13 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     a pair folder as target brings its own draft.  The tokenizers must be
     compatible (models/tokenizer_compat.py) or a one-line MlxspecError is raised -- before
     anything is fetched or converted when that can be told (models/pair_check.py).
+    `dtype` ("float32", "float16" or "bfloat16"): what both models compute in (default:
+    float32 on the CPU backend, the weights' own dtype on a GPU).
     """
+    from ..device import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise MlxspecError(f"dtype must be one of {', '.join(DTYPES)}, got {printable(str(dtype), 40)}")
     from . import pair_check
     from ..util import progress
 
@@ -239,12 +249,12 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     draft_dir = resolve_model_dir(draft) if draft is not None else None
     _check_memory(target_dir, draft_dir)
     with progress.bar("loading the target", total=2 if draft_dir is not None else 1, unit="model") as bar:
-        model, tokenizer, config = load_model_dir(target_dir, "target")
+        model, tokenizer, config = load_model_dir(target_dir, "target", dtype)
         pair = Pair(model, tokenizer, target_dir, config, pair_dir=pair_dir, draft_note=note)
         bar.update(1)
         if draft_dir is not None:
             bar.set_description("loading the draft")
-            dmodel, dtok, dconfig = load_model_dir(draft_dir, "draft")
+            dmodel, dtok, dconfig = load_model_dir(draft_dir, "draft", dtype)
             pair.compatibility = require_compatible(tokenizer, dtok, _embedding_rows(config), _embedding_rows(dconfig))
             pair.draft, pair.draft_path, pair.draft_config = dmodel, draft_dir, dconfig
             bar.update(1)

@@ -25,6 +25,7 @@ from ..core.kv_window import is_bounded
 from ..core.sampling import SamplingParams, process_logits
 from . import acceptance as tree_acceptance
 from .acceptance import walk_greedy
+from ..core.acceptance import near_ties
 from .attention import TreeBlock, tree_support
 from .budget import TreeBudget
 from .drafter import TreeDraft
@@ -41,6 +42,7 @@ class TreeResult:
     lookup_taken: int  # accepted nodes proposed by prompt lookup
     budget: TreeBudget  # its stop_reason says why the tree stopped growing
     draft_time: float  # seconds spent growing the tree
+    ties: list | None = None  # greedy: near-tie flags of the emitted rows (core/acceptance.near_ties)
 
 
 # Why a pair verifies chains (`NoTrees.kind`).  The first two are what the user chose
@@ -100,22 +102,27 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
         mx.eval(best, finite)
     elif params.greedy:
         best = mx.argmax(lp, axis=-1)
-        mx.eval(best, finite)
+        tie = near_ties(logits, lp)
+        mx.eval(best, finite, tie)
     else:
         p = cpu.probabilities(lp)
         mx.eval(p, finite)
     if not finite.item():
         raise MlxspecError(f"{target_name} produced NaN/inf logits: its weights are corrupt or overflow "
                            "in this dtype; re-convert or re-download it")
+    ties = None
     if params.greedy or coupling is not None:  # coupled: walk the target's argmax(log p + g)
         path, nxt = walk_greedy(tree, best.tolist())
+        if params.greedy and coupling is None:
+            flags = tie.tolist()
+            ties = [flags[0]] + [flags[1 + j] for j in path]  # the rows that chose each emitted token
     else:
         path, nxt = tree_acceptance.walk_sample(tree, np.array(p, dtype=np.float64), np.random.default_rng(_seed(k_verify)))
     block.commit(list(range(m)) + [m + j for j in path])
     draft.commit(path)
     return TreeResult(len(tree), tree.max_depth, [tree.tokens[j] for j in path], nxt,
                       _outcomes(tree, draft, path, policy), sum(tree.rank[j] > 0 for j in path),
-                      sum(tree.lookup[j] for j in path), budget, draft_time)
+                      sum(tree.lookup[j] for j in path), budget, draft_time, ties)
 
 
 def _outcomes(tree, draft: TreeDraft, path: list, policy) -> list:
