@@ -222,6 +222,8 @@ class PerToken:
             raise ValueError(f"num_draft_max must be >= 1, got {max_k}")
         self.cost, self.max_k, self.refeed = cost, max_k, refeed
         self.sources = ([(0.0, True)] if lookup else []) + ([(None, False)] if model else [])  # (step cost, lookup)
+        if not self.sources:  # a drafter that says neither: priced as a model's drafts (never "nothing pays")
+            self.sources = [(None, False)]
         self.k = max_k  # the cap, as FixedK.k
         # acceptance by confidence bucket (last one: deterministic proposals), with priors
         centers = [(lo + hi) / 2 for lo, hi in zip((0.0,) + BUCKETS, BUCKETS + (1.0,))]
@@ -295,16 +297,7 @@ class PerToken:
             return self.max_k
         if not self.fallback:
             self.fallback, self.plain_since = True, 0
-            c, a = self.cost, self.mean_acceptance(optimistic=True)
-            refeed = ""
-            if self.refeed:
-                from .cost_model import refeed_cost
-
-                refeed = (f" + {(1 - a) * refeed_cost(c, self.riding + 1):.2f} re-feed of ~{self.riding + 1:.1f} "
-                          "positions after a rejection")
-            self._note(f"fallback: acceptance (at most {a:.2f}) is below the draft's cost ({c.draft_step:.2f} + "
-                       f"{c.extra(2):.2f} verify{refeed}, in plain steps); plain decoding, probing after "
-                       f"{self.probe_wait}+ tokens")
+            self._note(self._fallback_note())
         if self.plain_since >= self.probe_wait:
             self.forced, self.plain_since = True, 0
             self.probe_wait = min(2 * self.probe_wait, PROBE_MAX)
@@ -312,6 +305,27 @@ class PerToken:
                 m.halve()
             return self.max_k
         return 0
+
+    def _fallback_note(self) -> str:
+        """Why the first draft token of a round does not pay, in the figures the rule used
+        (`Round.more` with p = 1: the acceptance bet `a` against the token's cost scaled by
+        the bar), for the source that came closest, so the note never contradicts itself."""
+        c, rnd = self.cost, Round(self, 1, self.rate())
+        rate_t, rate_e = bar(rnd.t, rnd.e, rnd.rate)
+        best = None
+        for step, lookup in self.sources:
+            a = self.mean_acceptance(lookup, optimistic=True)
+            draft = c.draft_step if step is None else step
+            refeed = rnd.refeed_risk(a)
+            need = (draft + c.extra(2) + refeed) * rate_e / rate_t
+            if best is None or a - need > best[0] - best[1]:
+                best = (a, need, draft, refeed, lookup)
+        a, need, draft, refeed, lookup = best
+        more = f" + {refeed:.2f} re-feed of ~{self.riding + 1:.1f} positions after a rejection" if refeed else ""
+        at_rate = f" at the recent rate of {rate_e / rate_t:.2f} tokens per plain step" if rate_e != rate_t else ""
+        return (f"fallback: {'lookup' if lookup else 'draft'} acceptance (at most {a:.2f}) is below the {need:.2f} a "
+                f"draft token must reach to pay ({draft:.2f} draft + {c.extra(2):.2f} verify{more} plain steps"
+                f"{at_rate}); plain decoding, probing after {self.probe_wait}+ tokens")
 
     def round(self, k: int) -> Round:
         return Round(self, k, self.rate())

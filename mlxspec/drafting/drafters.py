@@ -176,6 +176,7 @@ class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
     max_k = 16
     relative_cost = 0.01
+    proposes_lookup = True  # the auto policy prices its proposals as lookup's (costs/draft_length.py)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
