@@ -7,6 +7,8 @@ And nothing outside mlxspec/cpu/ reaches past its door (cpu/__init__.py)."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import mlxspec
 from tiny_models import loaded_elsewhere
 
@@ -23,6 +25,7 @@ def test_one_switch_turns_every_part_off(tmp_path):
     assert "MLXSPEC_CPU_KERNELS=0" in " ".join(why)
 
 
+@pytest.mark.linux_cpu  # the accelerator at work: Linux only
 def test_the_switch_is_what_turns_it_off(tmp_path):
     """The control: without the switch, the same probe sees the accelerator at work
     (where this machine can build the kernel)."""

@@ -17,7 +17,8 @@ import tiny_models
 
 CONTEXT = 4096
 LONG = 30_000
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sends signals")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sends signals"),
+              pytest.mark.linux_cpu]
 
 
 @pytest.fixture(scope="module")

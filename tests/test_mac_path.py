@@ -121,3 +121,30 @@ def test_load_refuses_an_unknown_dtype_before_loading():
 
     with pytest.raises(mlxspec.MlxspecError, match="dtype must be one of float32, float16, bfloat16"):
         mlxspec.load("no-such-model", dtype="float8")
+
+
+def test_an_mlx_without_per_row_rope_offsets_verifies_chains_with_a_note(monkeypatch):
+    """Trees need `mx.fast.rope` with one offset per row (MLX 0.29.1): an older MLX gets
+    chains and one line saying why, and the same output."""
+    import mlx.core as mx
+
+    import test_greedy_equality as ge
+    from mlxspec.costs.cost_model import assumed
+    from mlxspec.costs.draft_length import PerToken
+    from mlxspec.core.stats import GenerationStats
+    from mlxspec.decoder import SpeculativeDecoder
+    from mlxspec.drafting.drafters import ModelDrafter
+    from mlxspec.trees import round as tree_round
+
+    assert tree_round.mlx_version("0.29.1") == (0, 29, 1) and tree_round.mlx_version("0.30.0.dev2025") == (0, 30, 0)
+    assert tree_round.mlx_version() >= tree_round.TREES_NEED_MLX  # the floor pyproject.toml sets is above it
+    target, drafts = ge.models("llama")
+    prompt = [7, 19, 200, 31, 31, 5]
+    monkeypatch.setattr(mx, "__version__", "0.28.0", raising=False)
+    stats = GenerationStats()
+    dec = SpeculativeDecoder(target, ModelDrafter(drafts[0]), PerToken(assumed(0.05, slope=0.0, width=40), 6),
+                             tree=True)
+    got = [t for t, _ in dec.generate(list(prompt), max_tokens=ge.MAX_TOKENS, stats=stats)]
+    assert stats.tree_rounds == 0 and stats.draft_accepted > 0
+    assert any("MLX 0.28.0 has no per-row RoPE offsets" in n and "0.29.1" in n for n in stats.notes), stats.notes
+    assert got == ge.plain(target, prompt)

@@ -73,6 +73,7 @@ def test_a_dip_below_a_plain_step_pools_to_a_plain_step():
     assert used.verify == [1.0, 1.0, 1.0, 1.3]
 
 
+@pytest.mark.linux_cpu  # the small-batch kernel switched off (cpu/kernel.py)
 def test_without_the_kernel_a_dip_is_a_price():
     """OpenBLAS's 16-row products can cost less than 5- to 15-row ones (test_padded_passes.py)."""
     cm = CostModel(0.35, [1.0, 1.21, 1.45, 1.66, 1.7, 1.75, 1.8, 1.8, 1.9, 2.0, 2.3, 2.67, 2.5, 2.2, 1.9, 1.57], 0.5,
@@ -84,6 +85,7 @@ def test_without_the_kernel_a_dip_is_a_price():
         small_gemm.set_enabled(old)
 
 
+@pytest.mark.linux_cpu
 @pytest.mark.skipif(not small_gemm.loaded(), reason="the small-batch kernel did not build here")
 def test_for_decoder_decides_by_the_monotone_curve_and_the_cache_keeps_the_measured_one(tmp_path, monkeypatch,
                                                                                           smollm2_pair):

@@ -252,6 +252,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+@pytest.mark.linux_cpu  # Linux only: reads /proc
 def test_at_the_descriptor_limit_the_server_refuses_without_spinning(server):
     server.wait_idle()
     time.sleep(TIMEOUT + 0.5)  # earlier tests' connections have closed
@@ -295,6 +296,7 @@ def test_an_empty_or_unreadable_api_key_is_refused(tmp_path, args, env, needle):
     assert_refused(res, needle, exit_code=2)  # before anything loads: not "model not found"
 
 
+@pytest.mark.linux_cpu  # Linux only: reads /proc
 def test_the_api_key_from_a_file_stays_out_of_the_process_list(tmp_path):
     key = "s3cret-from-file"
     (tmp_path / "key.txt").write_text(key + "\nignored second line\n")

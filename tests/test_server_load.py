@@ -16,7 +16,7 @@ from mlxspec import api
 
 from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.linux_cpu]  # linux_cpu: its memory figure reads /proc
 
 CLIENTS, REQUESTS, N = 4, 6, 2  # 2 tokens: the four prompts still get four different answers
 PROMPTS = ["The capital of Italy is", "def square(x):", "Once upon a time, a fox", "1, 2, 3, 4,"]

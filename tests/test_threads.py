@@ -144,6 +144,7 @@ def test_a_tree_call_in_one_thread_leaves_another_threads_forward_alone():
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.linux_cpu  # the CPU accelerator's RoPE tables (cpu/layers.py)
 def test_rope_tables_given_in_one_thread_only():
     from mlxspec.cpu.layers import RopeTables
 

@@ -49,7 +49,21 @@ class TreeResult:
 # (a chain drafter, a fixed --num-draft); the others they would not expect, so the
 # loop says so in the stats even when trees were not asked for (NOTED_KINDS).
 DRAFTER, FIXED_K, MODEL_TYPE, BOUNDED_CACHE = "drafter", "fixed k", "model type", "bounded cache"
-NOTED_KINDS = frozenset({MODEL_TYPE, BOUNDED_CACHE})
+OLD_MLX = "old mlx"
+NOTED_KINDS = frozenset({MODEL_TYPE, BOUNDED_CACHE, OLD_MLX})
+
+# Tree verification gives each node its own RoPE position: `mx.fast.rope` with an array of
+# offsets, one per batch row (ml-explore/mlx#2564, first released in MLX 0.29.1).  An older
+# MLX verifies chains, with a one-line note; never a wrong answer.
+TREES_NEED_MLX = (0, 29, 1)
+
+
+def mlx_version(text: str | None = None) -> tuple:
+    """MLX's version as numbers, ("0.29.1.dev2025..." -> (0, 29, 1)); (0,) when unreadable."""
+    import re
+
+    m = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(getattr(mx, "__version__", "") if text is None else text))
+    return tuple(int(g) for g in m.groups() if g is not None) if m else (0,)
 
 
 class NoTrees(NamedTuple):
@@ -59,6 +73,9 @@ class NoTrees(NamedTuple):
 
 def tree_unsupported(target, drafter, policy) -> NoTrees | None:
     """None when trees can be used with `target` (a ModelState); else why not."""
+    if mlx_version() < TREES_NEED_MLX:
+        return NoTrees(OLD_MLX, f"MLX {getattr(mx, '__version__', '?')} has no per-row RoPE offsets, which token "
+                                f"trees need (MLX {'.'.join(map(str, TREES_NEED_MLX))} or later: pip install -U mlx)")
     if type(drafter) is not ModelDrafter:
         return NoTrees(DRAFTER, f"the {drafter.name} drafter proposes chains")
     if not hasattr(policy, "cost"):
