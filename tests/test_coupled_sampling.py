@@ -134,6 +134,23 @@ def test_draft_with_other_noise_still_equals_plain(pair, monkeypatch):
     assert s_same.draft_accepted > s_other.draft_accepted
 
 
+@pytest.mark.parametrize("kind", ["subset", "layerskip"])
+def test_pruned_head_and_layer_skip_equal_plain(pair, kind):
+    """A pruned draft head (q over the subset, scattered to the target's rows) and
+    self-speculation propose under the same noise entries."""
+    target, draft = pair
+    accepted = 0
+    for params in PARAMS[:2]:
+        expected = plain(target, PROMPTS[1], params)
+        for k in (2, 5):
+            stats = GenerationStats()
+            got, _ = run(target, drafter_models.make(kind, target, draft), FixedK(k), PROMPTS[1], params,
+                         stats=stats, tree=False)
+            assert got == expected, (kind, k, params)
+            accepted += stats.draft_accepted
+    assert accepted > 0
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_trees_equal_plain(arch):
     cfg = tiny_models.config_for(arch)
