@@ -12,6 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PY_CHECK=.venv/bin/python || PY_CHECK=$PY
+"$PY_CHECK" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { echo "mlxspec needs Python 3.10 or newer, and $PY_CHECK is $("$PY_CHECK" -V 2>&1 || echo 'not found') (macOS's own python3 is 3.9): install one (brew install python@3.12, or python.org's installer), then run PYTHON=python3.12 ./setup.sh$([ "$PY_CHECK" = .venv/bin/python ] && echo ' after rm -rf .venv')" >&2; exit 1; }
+
 if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null \
    && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1; then
   echo "== installing OpenBLAS (libopenblas0-pthread)"
@@ -28,7 +32,6 @@ if [ "$(uname -s)" = "Linux" ] && [ "$(id -u)" = "0" ] && command -v apt-get >/d
    || echo "   could not install gcc; OpenBLAS will take every product (slower decoding)"
 fi
 
-PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   "$PY" -m venv .venv

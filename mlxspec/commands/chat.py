@@ -21,7 +21,8 @@ import click
 
 from ..errors import MlxspecError
 from ..core.options import check
-from ..commands.options import NUM_DRAFT_HELP, _drafter_option, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
+from ..commands.options import draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
+from ..commands.profile_option import cost_profile_option
 
 GREEN = "\x1b[32m"
 DIM = "\x1b[2m"
@@ -233,22 +234,15 @@ class Chat:
 @click.option("--system-prompt", "--system", "system", default=None, help="System prompt (--system: the old name).")
 @max_tokens_option(1024, "Longest reply.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
-@click.option("--num-draft", "--num-draft-tokens", "num_draft", type=typed("num_draft"), default=None,
-              help=NUM_DRAFT_HELP + " (--num-draft-tokens: mlx-lm's spelling)")
-@click.option("--draft-p-min", type=typed("p_min"), default=0.0,
-              help="Stop drafting when the draft's top probability is below this.")
-@click.option("--drafter", default=None, callback=_drafter_option,
-              help="model (default when a draft is loaded) | hybrid | lookup (the conversation's n-grams, no "
-                   "draft model) | layerskip | none.")
-@click.option("--tree/--no-tree", "tree", default=None,
-              help="Verify draft trees (the default where the models support them) or single chains.")
+@draft_options
+@cost_profile_option()
 @max_kv_size_option
 @click.option("--ignore-chat-template", is_flag=True,
               help="No chat template: each message is fed as raw text continuing the conversation so far "
                    "(the way to chat with a base model; a model without a template otherwise gets a plain "
                    "'User:/Assistant:' transcript).")
-def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, draft_p_min, drafter, tree,
-         max_kv_size, ignore_chat_template, **opts):
+def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, num_draft_max, drafter,
+         draft_p_min, draft_vocab, tree, max_kv_size, ignore_chat_template, cost_profile=None, **opts):
     """Interactive chat in the terminal."""
     from ..device import describe
     from ..models.loading import load
@@ -264,7 +258,8 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
                           drafter="none" if no_draft else drafter, tree=tree, max_kv_size=max_kv_size,
-                          chat_template=not ignore_chat_template, **sampling_kwargs(opts))
+                          chat_template=not ignore_chat_template, num_draft_max=num_draft_max,
+                          draft_vocab=draft_vocab, cost_profile=cost_profile, **sampling_kwargs(opts))
     except ValueError as e:
         raise MlxspecError(str(e)) from e
     try:

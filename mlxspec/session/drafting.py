@@ -17,7 +17,7 @@ from ..drafting.registry import check_drafter
 
 class Drafting:
     def __init__(self, pair, decoder, drafter=None, num_draft=None, p_min: float = 0.0,
-                 max_kv_size: int | None = None):
+                 max_kv_size: int | None = None, *, num_draft_max=None, draft_vocab=None, cost_profile=None):
         if drafter is None:
             drafter = "model" if pair.draft is not None else "none"
         if isinstance(drafter, str) and drafter in ("model", "hybrid") and pair.draft is None:
@@ -25,6 +25,7 @@ class Drafting:
                                "drafter='lookup' (prompt n-grams, no draft model)")
         self.pair, self.decoder = pair, decoder
         self.num_draft, self.p_min = num_draft, p_min
+        self.num_draft_max, self.draft_vocab, self.cost_profile = num_draft_max, draft_vocab, cost_profile
         self.max_kv_size = max_kv_size  # a draft model's KV cache is bounded as the target's
         if not isinstance(drafter, Drafter):
             check_drafter(drafter)  # the CLI's rule (core/options.py)
@@ -45,17 +46,22 @@ class Drafting:
                 raise MlxspecError("nothing to draft with: no draft model is loaded (create the Session with "
                                    "draft=MODEL, or drafter='lookup' to draft from the conversation itself)")
             if self._drafter is None:
-                self._drafter = make_drafter(self.pair, self._choice, self.p_min, max_kv_size=self.max_kv_size)
-            self._spec = (self._drafter, make_policy(self.num_draft, self._drafter, self.pair))
+                self._drafter = make_drafter(self.pair, self._choice, self.p_min, draft_vocab=self.draft_vocab,
+                                             max_kv_size=self.max_kv_size)
+            self._spec = (self._drafter, self._policy(self.num_draft))
         self.decoder.use(*(self._spec if on else self._plain))
         self.on = on
 
     def set_num_draft(self, value):
         self.num_draft = value
         if self._spec is not None:
-            self._spec = (self._spec[0], make_policy(value, self._spec[0], self.pair))
+            self._spec = (self._spec[0], self._policy(value))
             if self.on:
                 self.decoder.use(*self._spec)
+
+    def _policy(self, num_draft):
+        return make_policy(num_draft, self._drafter, self.pair, num_draft_max=self.num_draft_max,
+                           cost_profile=self.cost_profile)
 
     def reset(self):
         if self._drafter is not None:

@@ -86,7 +86,8 @@ class Session:
                  drafting: bool | None = None, system: str | None = None, max_tokens: int = 512,
                  num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None,
                  draft_model=None, tree: bool | None = None, max_kv_size: int | None = None,
-                 chat_template: bool = True, **sampling_kw):
+                 chat_template: bool = True, num_draft_max=None, draft_vocab=None, cost_profile=None,
+                 **sampling_kw):
         """`pair`: a loaded `mlxspec.Pair`; or `model` and `draft` (a draft MODEL, as in
         `mlxspec.load`; a catalog target brings its catalog partner) to load one.
         `drafter`: what drafts while drafting is on: 'model' (the default when the
@@ -98,7 +99,9 @@ class Session:
         where the pair supports them, False verifies chains.  `max_kv_size`: bound the KV
         caches to that many positions (mlx-lm's --max-kv-size; the context limit stays
         the model's).  `chat_template=False`: no template, each message's raw text
-        continues the conversation (session/prompt.py; no system prompt then).  Every
+        continues the conversation (session/prompt.py; no system prompt then).
+        `num_draft_max`, `draft_vocab`, `cost_profile`: as in `mlxspec.generate` (the
+        `auto` policy's cap, the pruned draft head, another machine's costs).  Every
         value is checked here: a bad one is a one-line MlxspecError before anything is loaded."""
         if isinstance(draft, bool):  # the old meaning of draft=: on/off
             warnings.warn("Session(draft=True/False) is now Session(drafting=True/False); draft= names a "
@@ -111,6 +114,14 @@ class Session:
                       p_min=p_min, on_cancel=on_cancel, system=system, drafting=drafting, max_kv_size=max_kv_size,
                       chat_template=chat_template)
         params = sampling_params(sampling, sampling_kw)
+        if num_draft_max is not None or draft_vocab is not None:
+            from ..core.options import BadValue, check_all
+
+            try:
+                check_all(**{k: v for k, v in (("num_draft_max", num_draft_max), ("draft_vocab", draft_vocab))
+                             if v is not None})
+            except BadValue as e:
+                raise SessionSettingError(str(e)) from None
         if pair is None:
             from ..models.loading import load
 
@@ -127,7 +138,8 @@ class Session:
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
         self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size,
                                           tree=tree, max_kv_size=max_kv_size)
-        self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min, max_kv_size)
+        self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min, max_kv_size,
+                                  num_draft_max=num_draft_max, draft_vocab=draft_vocab, cost_profile=cost_profile)
         self.max_kv_size = max_kv_size
         self.chat_template = chat_template
         if drafting is None:
