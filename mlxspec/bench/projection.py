@@ -9,8 +9,8 @@ positions of the target's pass, tokens emitted):
 * plain: one target step per token (mlxspec's plain rounds are exactly that);
 * mlx-lm k: rebuilt from its from_draft flags (`mlxlm_work`);
 
-and a run's projected speed-up is its tokens over their price in plain steps (plain
-decoding costs 1 a token).  Per contender: the median over repeats, then over prompts, as
+and a run's projected speed-up is what plain decoding would pay for its tokens (one plain
+step a token, and one for the EOS when the run stopped there) over their price.  Per contender: the median over repeats, then over prompts, as
 the measured speed-up is taken (bench/figures.py).  The first round is priced too (the
 measured rate leaves it out); prompt processing is in neither.
 """
@@ -57,12 +57,16 @@ def run_work(record: dict, contender: dict, max_tokens: int) -> list | None:
 def project(records: list[dict], contenders: list[dict], costs: dict, max_tokens: int) -> list[dict]:
     """Rows (temp, suite, contender, projected, runs) -- `costs`: contender name -> the CostModel
     its work is priced by.  Adds `projected_speedup` to each record."""
-    from ..costs.profiles import projected_speedup
+    from ..costs.profiles import price
 
     by_name = {c["name"]: c for c in contenders}
     for r in records:
         work, cm = run_work(r, by_name.get(r["contender"], {}), max_tokens), costs.get(r["contender"])
-        r["projected_speedup"] = projected_speedup(work, cm) if work and cm is not None else None
+        r["projected_speedup"] = None
+        if work and cm is not None:
+            tokens, cost = price(work, cm)
+            plain = tokens + (r.get("finish_reason") == "stop")  # plain decoding pays a step for the EOS too
+            r["projected_speedup"] = plain / cost if cost > 0 else None
     rows = []
     temps = sorted({r["temp"] for r in records})
     suites = list(dict.fromkeys(r["suite"] for r in records))
