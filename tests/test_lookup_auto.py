@@ -81,3 +81,18 @@ def test_lookup_auto_drafts_and_accepts_on_a_copy_prompt():
     print(f"lookup+auto on a copy prompt: drafted {s.draft_proposed}, accepted {s.draft_accepted}, "
           f"{s.generated_tokens} tokens in {s.target_passes} passes ({s.tokens_per_pass:.2f} tokens/pass), "
           f"speculative {s.tokens_speculative} / plain {s.tokens_plain}")
+
+
+def test_tokens_per_pass_is_never_below_one():
+    """A reply whose EOS came in a pass of its own: 1 token generated in 2 passes still
+    decided at least one token per pass (the old generated/passes read 0.50)."""
+    s = GenerationStats()
+    s.record_round(0, 0, 1)  # a plain step: one token
+    s.record_round(3, 0, 0)  # a drafting round, all rejected; its own token was the EOS
+    s.generated_tokens, s.finish_reason = 1, "stop"
+    assert s.tokens_per_pass == 1.0
+    assert s.to_dict()["tokens_per_pass"] == s.tokens_per_pass
+    assert "1.00 tokens/pass" in s.summary() or s.draft_proposed == 3
+    s.record_round(4, 3, 4)
+    s.generated_tokens += 4
+    assert s.draft_accepted <= s.draft_proposed and s.tokens_per_pass == pytest.approx(1 + 3 / 3)

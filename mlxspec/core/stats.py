@@ -105,8 +105,12 @@ class GenerationStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        """Mean tokens produced per target forward pass (accepted drafts + 1)."""
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+        """Mean tokens each target forward pass decided: its accepted drafts + 1 (the
+        target's own token), so never below 1 -- the one definition every report uses
+        (/stats, the reply line, --json, the server's stats and page).  It counts the
+        EOS a pass decided, which `generated_tokens` leaves out, so a short reply ending
+        in a pass of its own does not read as less than a token per pass."""
+        return 1.0 + self.draft_accepted / self.target_passes if self.target_passes else 0.0
 
     @property
     def mean_drafted(self) -> float:
