@@ -95,4 +95,17 @@ def test_tokens_per_pass_is_never_below_one():
     assert "1.00 tokens/pass" in s.summary() or s.draft_proposed == 3
     s.record_round(4, 3, 4)
     s.generated_tokens += 4
-    assert s.draft_accepted <= s.draft_proposed and s.tokens_per_pass == pytest.approx(1 + 3 / 3)
+    assert s.draft_accepted <= s.draft_proposed and s.tokens_per_pass == pytest.approx((5 + 1) / 3)
+
+
+def test_session_totals_count_each_replys_eos():
+    from mlxspec.session.totals import SessionStats
+
+    t = SessionStats()
+    for _ in range(3):
+        s = GenerationStats()
+        s.record_round(0, 0, 1)
+        s.record_round(0, 0, 0)
+        s.generated_tokens, s.finish_reason = 1, "stop"
+        t.add(s)
+    assert t.total.tokens_per_pass == 1.0 and t.to_dict()["tokens_per_pass"] == 1.0

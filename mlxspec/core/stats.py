@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 # finish_reason -> the words the summaries print (generate, chat); "cancelled" reads as "interrupted"
 FINISH_WORDS = {
@@ -48,6 +49,7 @@ class GenerationStats:
     notes: list = field(default_factory=list)
     rounds: list | None = None  # a list (set it before generating; `generate --json` and bench do): each round's
     # work, (draft forwards' widths, target pass width, tokens emitted); None (the default): not recorded
+    eos_passes: ClassVar[int | None] = None  # summed totals (session/totals.py): replies that ended on EOS
     near_ties: int = 0  # greedy: emitted tokens whose two best logits were within rounding (core/acceptance.py)
     near_tie_positions: list = field(default_factory=list)  # their indices in the generated tokens (first 100)
 
@@ -105,12 +107,15 @@ class GenerationStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        """Mean tokens each target forward pass decided: its accepted drafts + 1 (the
-        target's own token), so never below 1 -- the one definition every report uses
-        (/stats, the reply line, --json, the server's stats and page).  It counts the
-        EOS a pass decided, which `generated_tokens` leaves out, so a short reply ending
-        in a pass of its own does not read as less than a token per pass."""
-        return 1.0 + self.draft_accepted / self.target_passes if self.target_passes else 0.0
+        """Mean tokens each target forward pass decided: the generated tokens and the EOS
+        that ended the reply (which `generated_tokens` leaves out), over the passes.  Every
+        pass decides at least one, so it is never below 1 (a short reply whose EOS took a
+        pass of its own used to read 0.50) -- the one definition every report uses (/stats,
+        the reply line, --json, the server's stats and page)."""
+        if not self.target_passes:
+            return 0.0
+        eos = self.eos_passes if self.eos_passes is not None else int(self.finish_reason == "stop")
+        return (self.generated_tokens + eos) / self.target_passes
 
     @property
     def mean_drafted(self) -> float:

@@ -21,6 +21,7 @@ class SessionStats:
         self.turns += 1
         self.cancelled += s.finish_reason == "cancelled"
         t = self.total
+        t.eos_passes = (t.eos_passes or 0) + (s.finish_reason == "stop")  # for tokens_per_pass
         for name in self.SUMMED:
             setattr(t, name, getattr(t, name) + getattr(s, name))
         for mine, theirs in ((t.proposed_by_position, s.proposed_by_position),
@@ -41,6 +42,7 @@ class SessionStats:
         d.pop("notes", None)
         d.pop("finish_reason", None)
         d.pop("drafter", None)
+        d.pop("eos_passes", None)
         return {"turns": self.turns, "cancelled": self.cancelled, "prompt_tokens_reused": self.prompt_tokens_reused, **d}
 
     def summary(self) -> str:
