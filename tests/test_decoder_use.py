@@ -44,6 +44,7 @@ def test_session_drafting_switch_goes_through_use(monkeypatch):
     drafting.decoder, drafting.pair, drafting.p_min = decoder, None, 0.0
     drafting._choice, drafting._drafter = "model", ModelDrafter(draft)
     drafting._plain, drafting._spec, drafting.on, drafting.num_draft = (decoder.drafter, decoder.policy), None, False, 2
+    drafting.num_draft_max, drafting.draft_vocab, drafting.cost_profile = None, None, None  # Drafting's defaults
     drafting.switch(True)
     drafting.set_num_draft(3)
     drafting.switch(False)
