@@ -19,6 +19,7 @@ import urllib.request
 
 import pytest
 
+import tiny_models
 from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
 
 pytestmark = pytest.mark.real
@@ -193,11 +194,12 @@ def test_unsupported_fields_left_at_their_defaults_are_fine(server):
 
 # -- B: honest start-up ----------------------------------------------------------------------------------
 def test_health_says_loading_until_ready(tmp_path):
-    need_smollm2()
+    target, draft = tiny_models.save_chatty_pair(tmp_path / "pair")  # loads in a second; its calibration, a few
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE", "MLXSPEC_API_KEY"))}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
     # --num-draft auto: a calibration (the suite's calibration folder starts empty) follows the loading
-    proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "--port", "0", *SMOLLM2],
+    proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "--port", "0", "--model", str(target),
+                             "--draft", str(draft)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
@@ -233,7 +235,7 @@ def test_health_says_loading_until_ready(tmp_path):
         assert proc.stdout.readline().startswith("mlxspec serve: listening on")  # printed once ready
         runs = []  # (status, phase, polls) in order
         for s, b in seen:
-            if runs and runs[-1][:2] == (s, b.get("phase")):
+            if runs and tuple(runs[-1][:2]) == (s, b.get("phase")):
                 runs[-1][2] += 1
             else:
                 runs.append([s, b.get("phase"), 1])
