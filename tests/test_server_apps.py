@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 import tiny_models
-from server_process import MODEL, SMOLLM2, error_of, need_smollm2, start
+from server_process import MODEL, SMOLLM2, error_of, start
 
 pytestmark = pytest.mark.real
 
