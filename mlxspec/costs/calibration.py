@@ -21,7 +21,7 @@ from pathlib import Path
 from .cost_model import FORMAT, CostModel, calibrate
 from ..errors import MlxspecError
 from .machine_load import Watch, limit
-from .verify_curve import as_used
+from .verify_curve import as_used, spread_warning
 from ..util.untrusted import printable, read_json
 
 
@@ -118,6 +118,8 @@ def read(path: Path, fmt: int | None = FORMAT) -> CostModel:
         raise ValueError(f"format {printable(repr(d.get('format')), 40)}")
     cm = CostModel(_number(d, "draft_step", 0, MAX_RELATIVE), _widths(d, "verify", True),
                    _number(d, "plain_step_s", 0, MAX_STEP_S), "cached", _widths(d, "draft_widths", False))
+    if isinstance(d.get("dips_real"), bool):  # Metal: whether the curve's dips reproduced (verify_curve.as_used)
+        cm.dips_real = d["dips_real"]
     if cm.verify[0] != 1.0:
         raise ValueError(f"values out of range: verify[0] is {cm.verify[0]!r}, expected 1.0")
     return cm
@@ -176,6 +178,9 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
     with Watch() as watch:
         cm = calibrate(pair.target, drafter, vocab)
     cm.busy = watch.others
+    note = spread_warning(cm) if watch.others is None else None  # no /proc load figure (not Linux): say so from the repeats
+    if note and say is not None:
+        say(note)
     if watch.busy():  # its prices are off: used for this run only (costs/machine_load.py)
         if say is not None:
             say(f"note: {watch.describe()} while calibrating: these costs are not cached and will be "

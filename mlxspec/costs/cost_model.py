@@ -73,6 +73,8 @@ class CostModel:
     draft_widths: list = field(default_factory=list)  # draft_widths[w-1]: a draft forward over w positions / over 1
     busy: float | None = None  # measured: the cores other programs kept busy meanwhile (costs/machine_load.py)
     monotone: bool = False  # the verify curve as measured fell somewhere and was made non-decreasing (costs/verify_curve.py)
+    dips_real: bool | None = None  # Metal: every dip of the verify curve reproduced across repeats (None: not judged)
+    spread: float | None = None  # Metal: the widest (slowest / fastest) spread of one width's repeats
 
     def pad_width(self, w: int) -> int:
         """The width to run a pass over w >= 1 positions at: w, or a wider width of
@@ -234,6 +236,7 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
 
     from ..core.cache import ModelState
     from ..core.sampling import SamplingParams
+    from ..device import is_gpu
 
     subset = getattr(getattr(drafter, "model", drafter), "subset", None)  # a pruned head (hybrid: its model's)
     pool = subset.ids.tolist() if subset is not None else range(1, max(vocab_size, 2))
@@ -262,10 +265,18 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
     times["draft"] = []
     times.update({f"draft@{w}": [] for w in (DRAFT_WIDTHS if draft_state is not None else ())})
 
+    gpu = is_gpu()
+    sync = getattr(mx, "synchronize", None) if gpu else None
+
     def timed(key, call, per: int = 1, keep: bool = True) -> None:
-        """Time `call` once into times[key] (seconds / `per`; a warm-up keeps none)."""
+        """Time `call` once into times[key] (seconds / `per`; a warm-up keeps none).  On
+        Metal the queue is drained before and after, so a pass is timed whole and alone."""
+        if sync is not None:
+            sync()
         t0 = time.perf_counter()
         call()
+        if sync is not None:
+            sync()
         if keep:
             times[key].append((time.perf_counter() - t0) / per)
 
@@ -287,7 +298,8 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         drafter.reset()
     if not k_draft:
         del times["draft"]
-    return from_times(times, getattr(drafter, "relative_cost", 0.0))
+    rc = getattr(drafter, "relative_cost", 0.0)
+    return from_times(times, rc, metal=True) if gpu else from_times(times, rc)
 
 
 def _draft_state(drafter):
@@ -300,19 +312,32 @@ def _draft_state(drafter):
     return None
 
 
-def from_times(times: dict, relative_cost: float = 0.0) -> CostModel:
+def from_times(times: dict, relative_cost: float = 0.0, *, metal: bool = False) -> CostModel:
     """The cost model from timed repeats: {width: [seconds, ...], "draft": [seconds per step, ...],
     "draft@w": [seconds of a draft forward over w positions, ...]} (no "draft": the drafter's
-    own `relative_cost`).  Medians, relative to the one-position pass (each model's own)."""
+    own `relative_cost`).  Medians, relative to the one-position pass (each model's own).
+
+    `metal`: the minimum of the repeats instead (synchronised GPU passes are only ever
+    slowed, by the window server, the display or another app's work, never sped up), and
+    the model records whether every dip of the verify curve reproduced across repeats
+    (`dips_real`, costs/verify_curve.py: otherwise the rules use the curve made monotone)
+    and how widely the repeats spread (`spread`)."""
+    from .verify_curve import dips_reproduce, repeat_spread
+
+    pick = min if metal else median
     widths = [w for w in times if isinstance(w, int)]
-    plain = median(times[1])
-    rel = {w: median(times[w]) / plain for w in widths}
-    draft = median(times["draft"]) / plain if "draft" in times else relative_cost
+    plain = pick(times[1])
+    rel = {w: pick(times[w]) / plain for w in widths}
+    draft = pick(times["draft"]) / plain if "draft" in times else relative_cost
     verify = [round(v, 2) for v in _fill(rel, max(widths))]
     verify[0] = 1.0
-    drafts = {int(k.split("@")[1]): median(v) for k, v in times.items() if isinstance(k, str) and "@" in k}
+    drafts = {int(k.split("@")[1]): pick(v) for k, v in times.items() if isinstance(k, str) and "@" in k}
     draft_widths = []
     if 1 in drafts:
         draft_widths = [round(v, 2) for v in _fill({w: t / drafts[1] for w, t in drafts.items()}, max(drafts))]
         draft_widths[0] = 1.0
-    return CostModel(round(draft, 2), verify, plain, "measured", draft_widths)
+    cm = CostModel(round(draft, 2), verify, plain, "measured", draft_widths)
+    if metal:
+        cm.dips_real = dips_reproduce({w: times[w] for w in widths})
+        cm.spread = round(repeat_spread(times), 2)
+    return cm
