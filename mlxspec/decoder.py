@@ -90,12 +90,13 @@ class SpeculativeDecoder:
     def __init__(self, target_model, drafter: Drafter | None = None, policy=None,
                  context_length: int | None = None, vocab_size: int | None = None,
                  target_name: str = "the target model", tree: bool | None = None,
-                 max_kv_size: int | None = None):
+                 max_kv_size: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64):
         """`vocab_size`: ids the caller's models can all embed (`Pair.vocab_size`);
         the decoder also never accepts more than its target and drafter embed.
         `max_kv_size`: bound the target's KV cache to that many positions (core/kv_window.py;
-        the drafter bounds its own, see api.make_drafter)."""
-        self.target = ModelState(target_model, max_kv_size)
+        the drafter bounds its own, see api.make_drafter).  `kv_bits`, `kv_group_size`: quantize
+        the target's KV cache as mlx-lm's `--kv-bits`, from position 0 (core/cache.quantized)."""
+        self.target = ModelState(target_model, max_kv_size, None if kv_bits is None else (kv_bits, kv_group_size))
         self.vocab_size = vocab_size
         self.target_name = target_name
         drafter = drafter or Drafter()

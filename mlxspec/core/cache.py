@@ -15,7 +15,7 @@ checkpoint under the same rule.
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from ..util import progress
 from ..errors import MlxspecError
@@ -49,9 +49,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ModelState:
-    def __init__(self, model, max_kv_size: int | None = None):
+    def __init__(self, model, max_kv_size: int | None = None, kv_quant: tuple[int, int] | None = None):
         self.model = model
         self.max_kv_size = max_kv_size  # None: full KV caches; N: attention bounded to N positions (core/kv_window.py)
+        self.kv_quant = kv_quant  # (bits, group_size): full KV caches quantized after the prompt (quantize)
         self.positions = 0  # forward positions computed, for tests and stats
         self.refed = 0  # of which fed again after a recurrent rollback (core/recurrent.py)
         self.merge_limit = MERGE_LIMIT  # re-fed positions that ride along with new ones in one call
@@ -144,6 +145,7 @@ class ModelState:
                 self.checkpoints.thin(mark)
                 pending = pending[len(chunk):]
                 report(len(chunk))
+        quantize(self.cache, self.kv_quant)
         return pending
 
     def reset(self):
@@ -152,3 +154,20 @@ class ModelState:
         self.fed = 0  # positions the cache holds; more than len(tokens) only mid-step
         self.known = 0  # the last synced history's length: positions below it are settled
         self.checkpoints = Checkpoints(self.cache)
+
+
+def quantize(cache: list, kv_quant: tuple[int, int] | None) -> None:
+    """mlx-lm's `--kv-bits B --kv-group-size G` with `quantized_kv_start` 0: once the
+    prompt is in (all but its last token; mlx-lm computes it unquantized, then converts),
+    each full `KVCache` becomes `to_quantized(G, B)`, in place, and every later position
+    attends to quantized keys and values.  Each position's keys and values are quantized
+    on their own (groups of G along the head dimension), so trimming and feeding again
+    stores what one-by-one decoding stores: the one rollback rule holds as it is
+    (tests/test_kv_quant.py).  A prompt of one token differs from mlx-lm there: mlx-lm
+    computes its first step unquantized."""
+    if kv_quant is None:
+        return
+    bits, group = kv_quant
+    for i, c in enumerate(cache):
+        if type(c) is KVCache:
+            cache[i] = c.to_quantized(group_size=group, bits=bits)

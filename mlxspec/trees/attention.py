@@ -134,8 +134,12 @@ class TreeBlock:
         if path != list(range(n)):
             rows = mx.array([base + j for j in path], dtype=mx.int32)
             for c in self.state.cache:
-                c.keys[..., base: base + n, :] = mx.take(c.keys, rows, axis=2)
-                c.values[..., base: base + n, :] = mx.take(c.values, rows, axis=2)
+                if isinstance(c.keys, (tuple, list)):  # a QuantizedKVCache: (packed, scales, biases), each per position
+                    for a in (*c.keys, *c.values):
+                        a[..., base: base + n, :] = mx.take(a, rows, axis=2)
+                else:
+                    c.keys[..., base: base + n, :] = mx.take(c.keys, rows, axis=2)
+                    c.values[..., base: base + n, :] = mx.take(c.values, rows, axis=2)
         for c in self.state.cache:
             c.offset = base + n
         self.state.tokens.extend(self.tokens[j] for j in path)
