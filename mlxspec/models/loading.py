@@ -19,6 +19,7 @@ from ..core.cache import check_rollback
 from .tokenizer_compat import Compatibility, require_compatible
 from ..errors import MlxspecError
 from .memory import check_config
+from .metal_4bit import GROUP_SIZE, bits_at_load
 from ..util.untrusted import first_line, printable, strip_code_refs
 from .model_files import load_tokenizer
 from .locate import _from_hf_cache, _is_pair_dir, catalog_name, read_pair_manifest, resolve_local_dir, resolve_model_dir, resolve_present  # noqa: F401 (public here too)
@@ -171,6 +172,15 @@ def load_model_dir(path: Path, name: str = "model", dtype: str | None = None):
     try:
         model, config = load_model(path, lazy=True, trust_remote_code=False,
                                    get_model_classes=model_classes(path, name))
+        bits = bits_at_load(config)
+        if bits:  # Metal: a GGUF conversion back to 4-bit affine (models/memory.bits_at_load), still lazy
+            import contextlib
+            import io
+
+            from mlx_lm.utils import quantize_model
+
+            with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized model ..." line: not our output
+                model, config = quantize_model(model, config, GROUP_SIZE, bits)
         want = compute_dtype(dtype)
         if want is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(want)

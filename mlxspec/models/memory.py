@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MlxspecError
+from .metal_4bit import bits_at_load
 from .recurrent_memory import DELTA_NET_TYPES, STATE_COPIES, delta_net_tensors, recurrent_layers, recurrent_state_bytes
 from ..util.untrusted import parse_json, printable, regular_file
 
@@ -393,7 +394,7 @@ def check_pair_fits(target_dir, draft_dir=None, context: int = 2048, budget_byte
         else:
             usable, src = budget_bytes, "given budget"
         budget = pair_budget(tcfg, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
-                             usable_source=src)
+                             usable_source=src, quantize_bits=bits_at_load(tcfg))
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None  # unreadable folders are reported by the loader itself
     if not budget.fits:
