@@ -199,17 +199,21 @@ def make_policy(num_draft, drafter: Drafter, pair=None, *, cost=None, num_draft_
 
 def make_decoder(pair, drafter=None, num_draft=None, p_min: float = 0.0, *, draft_vocab=None,
                  num_draft_max=None, cost=None, tree: bool | None = None,
-                 max_kv_size: int | None = None, cost_profile=None) -> SpeculativeDecoder:
+                 max_kv_size: int | None = None, cost_profile=None, kv_bits: int | None = None,
+                 kv_group_size: int = 64) -> SpeculativeDecoder:
     """`tree`: None (the default) verifies draft trees where the pair supports them
     (trees/round.py; their size follows the cost model, so they stay chains where
     width does not pay), False verifies chains.  `max_kv_size`: bound the target's
     and the draft's KV caches to that many positions (mlx-lm's --max-kv-size: the
-    first 4 and the latest ones; core/kv_window.py); the context limit stays the model's."""
-    check_all(max_kv_size=max_kv_size)
+    first 4 and the latest ones; core/kv_window.py); the context limit stays the model's.
+    `kv_bits` (4 or 8), `kv_group_size` (32, 64, 128): quantize the target's KV cache after
+    the prompt, as mlx-lm's --kv-bits with --quantized-kv-start 0 (core/cache.quantize)."""
+    check_all(max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
     d = make_drafter(pair, drafter, p_min, draft_vocab, max_kv_size)
     policy = make_policy(num_draft, d, pair, cost=cost, num_draft_max=num_draft_max, cost_profile=cost_profile)
     return SpeculativeDecoder(pair.target, d, policy, pair.context_length, pair.vocab_size,
-                              _target_name(pair), tree=tree, max_kv_size=max_kv_size)
+                              _target_name(pair), tree=tree, max_kv_size=max_kv_size,
+                              kv_bits=kv_bits, kv_group_size=kv_group_size)
 
 
 def _target_name(pair) -> str:
@@ -281,19 +285,22 @@ def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
                     draft_vocab=None, num_draft_max=None, tree: bool | None = None,
-                    max_kv_size: int | None = None, cost_profile=None, **sampling) -> GenerationStream:
+                    max_kv_size: int | None = None, cost_profile=None, kv_bits: int | None = None,
+                    kv_group_size: int = 64, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, seed, sampling ("coupled": the plain run's
     text for a seed, token for token, whatever the draft -- the default with a seed;
-    "rejection": speculative rejection sampling, the default without one).  `tree`, `max_kv_size`: see
+    "rejection": speculative rejection sampling, the default without one).  `tree`, `max_kv_size`,
+    `kv_bits`, `kv_group_size`: see
     make_decoder (a `decoder` given keeps its own)."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
-              draft_vocab=draft_vocab, max_kv_size=max_kv_size)  # core/options.py's rules, as the CLI's: one line
+              draft_vocab=draft_vocab, max_kv_size=max_kv_size, kv_bits=kv_bits,
+              kv_group_size=kv_group_size)  # core/options.py's rules, as the CLI's: one line
     params = _params(**sampling)
     history = encode_prompt(pair.tokenizer, prompt, chat_template, pair.vocab_size)  # bad input fails first
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
                                       num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size,
-                                      cost_profile=cost_profile)
+                                      cost_profile=cost_profile, kv_bits=kv_bits, kv_group_size=kv_group_size)
     return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
 
 

@@ -96,6 +96,9 @@ class SpeculativeDecoder:
         `max_kv_size`: bound the target's KV cache to that many positions (core/kv_window.py;
         the drafter bounds its own, see api.make_drafter).  `kv_bits`, `kv_group_size`: quantize
         the target's KV cache as mlx-lm's `--kv-bits`, from position 0 (core/cache.quantized)."""
+        if kv_bits is not None and max_kv_size is not None:
+            raise MlxspecError("kv_bits (--kv-bits) and max_kv_size (--max-kv-size) do not go together: mlx-lm "
+                               "cannot quantize a bounded KV cache either")
         self.target = ModelState(target_model, max_kv_size, None if kv_bits is None else (kv_bits, kv_group_size))
         self.vocab_size = vocab_size
         self.target_name = target_name

@@ -122,3 +122,43 @@ def test_control_broken_trim_is_caught(monkeypatch):
     dec.target.sync(h)
     with pytest.raises(AssertionError):
         assert_fresh_quantized(dec.target, h, prompt, (4, 32))
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_bad_kv_bits_refused_in_one_line(tmp_path, command):
+    """A usage error (exit 2) in one line, before anything is loaded (the folder is empty)."""
+    import subprocess
+    import sys
+
+    extra = ["-p", "hi"] if command == "generate" else []
+    for args in (["--kv-bits", "3"], ["--kv-bits", "4", "--kv-group-size", "48"]):
+        r = subprocess.run([sys.executable, "-m", "mlxspec.cli", command, "--model", str(tmp_path), *extra, *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "must be" in lines[0], r.stderr
+
+
+def test_api_refuses_bad_kv_bits_and_bounded_cache():
+    from mlxspec.core.options import BadValue
+    from mlxspec.errors import MlxspecError
+
+    with pytest.raises(BadValue, match="kv_bits must be 4 or 8"):
+        from mlxspec.api import make_decoder
+
+        make_decoder(None, kv_bits=5)
+    with pytest.raises(MlxspecError, match="do not go together"):
+        SpeculativeDecoder(TARGET, max_kv_size=64, kv_bits=4)
+
+
+def test_api_stream_generate_and_session_pass_kv_bits(tmp_path):
+    """The API's keywords reach the target's cache; the output is mlx-lm's quantized run's."""
+    import mlxspec
+
+    tiny_models.save_model_dir(tmp_path / "t", arch="llama", model=TARGET, cfg_overrides=CFG)
+    pair = mlxspec.load(str(tmp_path / "t"), no_draft=True)
+    ids = [7, 19, 200, 31, 31, 5]
+    res = mlxspec.generate(pair, ids, max_tokens=12, drafter="lookup", kv_bits=4, kv_group_size=32)
+    assert res.tokens == mlx_lm_greedy(ids, 4, 32, 12)[:len(res.tokens)]
+    s = mlxspec.Session(pair, drafter="lookup", kv_bits=8, chat_template=False)
+    assert s.decoder.target.kv_quant == (8, 64)

@@ -21,7 +21,7 @@ import click
 
 from ..errors import MlxspecError
 from ..core.options import check
-from ..commands.options import draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
+from ..commands.options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
 from ..commands.profile_option import cost_profile_option
 
 GREEN = "\x1b[32m"
@@ -237,12 +237,14 @@ class Chat:
 @draft_options
 @cost_profile_option()
 @max_kv_size_option
+@kv_bits_options
 @click.option("--ignore-chat-template", is_flag=True,
               help="No chat template: each message is fed as raw text continuing the conversation so far "
                    "(the way to chat with a base model; a model without a template otherwise gets a plain "
                    "'User:/Assistant:' transcript).")
 def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, num_draft_max, drafter,
-         draft_p_min, draft_vocab, tree, max_kv_size, ignore_chat_template, cost_profile=None, **opts):
+         draft_p_min, draft_vocab, tree, max_kv_size, ignore_chat_template, cost_profile=None, kv_bits=None,
+         kv_group_size=64, **opts):
     """Interactive chat in the terminal."""
     from ..device import describe
     from ..models.loading import load
@@ -259,7 +261,8 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
                           drafter="none" if no_draft else drafter, tree=tree, max_kv_size=max_kv_size,
                           chat_template=not ignore_chat_template, num_draft_max=num_draft_max,
-                          draft_vocab=draft_vocab, cost_profile=cost_profile, **sampling_kwargs(opts))
+                          draft_vocab=draft_vocab, cost_profile=cost_profile, kv_bits=kv_bits,
+                          kv_group_size=kv_group_size, **sampling_kwargs(opts))
     except ValueError as e:
         raise MlxspecError(str(e)) from e
     try:

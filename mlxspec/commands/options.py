@@ -140,5 +140,15 @@ def max_kv_size_option(f):
                         help=MAX_KV_SIZE_HELP)(f)
 
 
+def kv_bits_options(f):
+    """--kv-bits/--kv-group-size (mlx-lm's spelling), shared by generate, chat and serve."""
+    f = click.option("--kv-group-size", "kv_group_size", type=typed("kv_group_size"), default=64, show_default=True,
+                     help="With --kv-bits: values sharing one scale and bias.")(f)
+    f = click.option("--kv-bits", "kv_bits", type=typed("kv_bits"), default=None,
+                     help="Quantize the target's KV cache to 4 or 8 bits after the prompt (mlx-lm's --kv-bits with "
+                          "--quantized-kv-start 0): the output is mlx-lm's with that cache.")(f)
+    return f
+
+
 def max_tokens_option(default: int, help: str = "Most tokens to generate."):
     return click.option("--max-tokens", "-m", type=typed("max_tokens"), default=default, show_default=True, help=help)

@@ -15,7 +15,7 @@ from ..server.engine import Engine
 from ..server.guard import Gate, Spare, is_loopback, parse_list, resolve_api_key
 from ..server.http import DEFAULT_MAX_BODY, REQUEST_TIMEOUT, Handler, Server, Server6, chat_page
 from ..util.untrusted import printable
-from .options import draft_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
+from .options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
 
 
 @click.command()
@@ -23,6 +23,7 @@ from .options import draft_options, max_kv_size_option, max_tokens_option, model
 @model_options
 @draft_options
 @max_kv_size_option
+@kv_bits_options
 @sampling_options
 @max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -49,7 +50,8 @@ from .options import draft_options, max_kv_size_option, max_tokens_option, model
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
           draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, api_key_file,
-          allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, max_request_bytes, verbose, **opts):
+          allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, max_request_bytes, verbose,
+          kv_bits=None, kv_group_size=64, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from ..api import make_decoder
     from ..models.loading import load, model_name
@@ -91,7 +93,7 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         httpd.loading = {**httpd.loading, "phase": "calibrating"}
         decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
                                draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree,
-                               max_kv_size=max_kv_size)
+                               max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
         name = model_name(pair.target_path, pair.target_config)
         httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens
         httpd.model_id = str(spec) if spec else name

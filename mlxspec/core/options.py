@@ -95,7 +95,7 @@ class Choice:
         return "must be " + " or ".join(repr(c) for c in self.choices) + (f" {self.words}" if self.words else "")
 
     def check(self, name: str, value):
-        if value is None or (isinstance(value, str) and value in self.choices):
+        if value is None or (isinstance(value, self.kind) and not isinstance(value, bool) and value in self.choices):
             return value
         raise BadValue(name, self.describe(), value)
 
@@ -120,6 +120,8 @@ RULES = {
     "draft_vocab": Rule(int, 0, words="(0 = the whole vocabulary)", keywords=("full",)),
     "context": Rule(int, 1),
     "max_kv_size": Rule(int, MIN_KV_SIZE, words=f"(KV cache positions: the first {KV_KEEP} and the latest ones)"),
+    "kv_bits": Choice((4, 8), kind=int, words="(bits per value of the target's quantized KV cache)"),
+    "kv_group_size": Choice((32, 64, 128), kind=int, words="(KV cache values sharing one scale)"),
     "budget": Rule(float, 0, low_open=True, words="(GiB)"),
     "repeats": Rule(int, 1),
 }

@@ -87,7 +87,7 @@ class Session:
                  num_draft=None, p_min: float = 0.0, on_cancel: str = "keep", sampling=None,
                  draft_model=None, tree: bool | None = None, max_kv_size: int | None = None,
                  chat_template: bool = True, num_draft_max=None, draft_vocab=None, cost_profile=None,
-                 **sampling_kw):
+                 kv_bits: int | None = None, kv_group_size: int = 64, **sampling_kw):
         """`pair`: a loaded `mlxspec.Pair`; or `model` and `draft` (a draft MODEL, as in
         `mlxspec.load`; a catalog target brings its catalog partner) to load one.
         `drafter`: what drafts while drafting is on: 'model' (the default when the
@@ -114,11 +114,12 @@ class Session:
                       p_min=p_min, on_cancel=on_cancel, system=system, drafting=drafting, max_kv_size=max_kv_size,
                       chat_template=chat_template)
         params = sampling_params(sampling, sampling_kw)
-        if num_draft_max is not None or draft_vocab is not None:
+        if num_draft_max is not None or draft_vocab is not None or kv_bits is not None or kv_group_size != 64:
             from ..core.options import BadValue, check_all
 
-            try:
-                check_all(**{k: v for k, v in (("num_draft_max", num_draft_max), ("draft_vocab", draft_vocab))
+            try:  # `kv_bits`, `kv_group_size`: api.make_decoder's
+                check_all(**{k: v for k, v in (("num_draft_max", num_draft_max), ("draft_vocab", draft_vocab),
+                                               ("kv_bits", kv_bits), ("kv_group_size", kv_group_size))
                              if v is not None})
             except BadValue as e:
                 raise SessionSettingError(str(e)) from None
@@ -137,7 +138,8 @@ class Session:
         self._active: SessionStream | None = None
         self._turn_cancel: threading.Event | None = None  # the running turn's cancel flag (set under the lock)
         self.decoder = SpeculativeDecoder(pair.target, Drafter(), FixedK(0), pair.context_length, pair.vocab_size,
-                                          tree=tree, max_kv_size=max_kv_size)
+                                          tree=tree, max_kv_size=max_kv_size, kv_bits=kv_bits,
+                                          kv_group_size=kv_group_size)
         self._drafting = Drafting(pair, self.decoder, drafter, num_draft, p_min, max_kv_size,
                                   num_draft_max=num_draft_max, draft_vocab=draft_vocab, cost_profile=cost_profile)
         self.max_kv_size = max_kv_size
