@@ -36,6 +36,7 @@ MODELS = {f"Qwen/Qwen2.5-{size}-Instruct": spec for size, spec in _QWEN25.items(
 MODELS.update({f"Qwen/Qwen2.5-Coder-{size}-Instruct": _QWEN25[size] for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B")})
 MODELS.update({
     "Qwen/Qwen3-0.6B": (596_049_920, _cfg("qwen3", 1024, 3072, 28, 16, 8, 151936, True, 128)),
+    "Qwen/Qwen3-4B": (4_022_468_096, _cfg("qwen3", 2560, 9728, 36, 32, 8, 151936, True, 128)),
     "Qwen/Qwen3-8B": (8_190_735_360, _cfg("qwen3", 4096, 12288, 36, 32, 8, 151936, False, 128)),
     "Qwen/Qwen3-14B": (14_768_307_200, _cfg("qwen3", 5120, 17408, 40, 40, 8, 151936, False, 128)),
     "Qwen/Qwen3-32B": (32_762_123_264, _cfg("qwen3", 5120, 25600, 64, 64, 8, 151936, False, 128)),
@@ -68,6 +69,31 @@ MODELS.update({
     "Qwen/Qwen3.5-9B": _qwen35(4096, 12288, 32, 16, 4, 32, False),
     "Qwen/Qwen3.5-27B": _qwen35(5120, 17408, 64, 24, 4, 48, False),
 })
+# Mac-sized pairs as mlx-community publishes them, already 4-bit affine (group 64, as `mlx_lm.convert -q`):
+# nothing to convert, `mlxspec generate --model REPO` after `hf download REPO` (target and draft).  Sized from
+# the originals' parameter counts at 4 bits, as the estimate does for a conversion.
+MLX4 = "mlx-community/"
+_MAC = {
+    "Qwen2.5-Coder": ("Qwen/Qwen2.5-Coder-{}-Instruct", "{}-Instruct-4bit", "0.5B", ("3B", "7B", "14B", "32B")),
+    "Qwen2.5": ("Qwen/Qwen2.5-{}-Instruct", "{}-Instruct-4bit", "0.5B", ("3B", "7B", "14B", "32B")),
+    "Qwen3": ("Qwen/Qwen3-{}", "{}-4bit", "0.6B", ("4B", "8B", "14B", "32B")),  # Qwen3 has no 3B / 7B
+}
+
+
+def _mac_repo(family: str, size: str) -> str:
+    return f"{MLX4}{family}-{_MAC[family][1].format(size)}"
+
+
+MAC_PAIRS = [(_mac_repo(f, t), _mac_repo(f, d)) for f, (_, _, d, ts) in _MAC.items() for t in ts]
+for _family, (_original, _, _draft, _targets) in _MAC.items():
+    MODELS.update({_mac_repo(_family, s): MODELS[_original.format(s)] for s in (_draft, *_targets)})
+
+
+def prequantized(repo: str) -> int | None:
+    """The bits a catalog repo's weights come in already (None: float, converted or quantised by mlxspec)."""
+    return 4 if repo.startswith(MLX4) and repo.endswith("-4bit") else None
+
+
 GATED = ("meta-llama/",)
 
 PAIRS = [
@@ -81,6 +107,7 @@ PAIRS = [
     ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"),
     # hybrid (gated delta-net) targets: rollback through state checkpoints (mlxspec/core/recurrent.py)
     *[(f"Qwen/Qwen3.5-{s}", "Qwen/Qwen3.5-0.8B") for s in ("4B", "9B", "27B")],
+    *MAC_PAIRS,  # Mac-sized, 4-bit as published
 ]
 
 
@@ -102,7 +129,8 @@ def estimate(target: str, draft: str, context: int, usable: int, source: str) ->
     tt, dt = memory.estimate_from_config(tc), memory.estimate_from_config(dc)
     kw = dict(context=context, usable=usable, usable_source=source)
     q4 = memory.pair_budget(tc, dc, tt, dt, quantize_bits=4, float_bytes=2, **kw)
-    f32 = memory.pair_budget(tc, dc, tt, dt, float_bytes=4, **kw)
+    # the CPU backend computes in float32; a 4-bit repo stays 4-bit there (its scales widened)
+    f32 = memory.pair_budget(tc, dc, tt, dt, quantize_bits=prequantized(target), float_bytes=4, **kw)
     return Estimate(target, draft, (tp, dp), q4, f32)
 
 

@@ -42,7 +42,8 @@ def pairs(context, budget):
     rows, usable, source = catalog.estimates(context, budget)
     click.echo(f"Known-good pairs; memory for both models plus KV caches at a {context}-token context.")
     click.echo(f"This machine: {describe()}; usable {memory.fmt_bytes(usable)} ({source}).")
-    click.echo("4-bit: what Metal runs by default.  float32: what the CPU backend computes in.\n")
+    click.echo("4-bit: what Metal runs by default.  float32: what the CPU backend computes in "
+               "(mlx-community 4-bit repos stay 4-bit there).\n")
     click.echo(catalog.table(rows))
     click.echo("\n* gated: accept the licence on the Hub and set HF_TOKEN first.")
     click.echo("Convert one with: mlxspec convert TARGET --draft DRAFT [--quantize 4|8|none]")
