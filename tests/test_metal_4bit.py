@@ -81,3 +81,13 @@ def test_the_memory_estimate_is_the_4bit_figure_on_metal(converted, monkeypatch,
         assert weights[0] < memory.model_bytes(tensors) / 3
     else:
         assert weights == [memory.model_bytes(tensors, None, 4)] * 2  # float32 compute on the CPU
+
+
+def test_a_converted_target_with_a_plain_draft_is_budgeted_each_as_it_loads(tmp_path, converted, monkeypatch):
+    monkeypatch.setattr(device, "is_gpu", lambda: True)
+    monkeypatch.delenv("MLXSPEC_NO_MEMORY_CHECK", raising=False)
+    plain = save_model_dir(tmp_path / "plain", arch="qwen2", hidden=128, ffn=256)
+    budget = memory.check_pair_fits(converted, plain, budget_bytes=1 << 40)
+    weights = [b for label, b in budget.rows if "weights" in label]
+    assert weights == [memory.model_bytes(memory.local_tensors(converted), 4), memory.model_bytes(memory.local_tensors(plain))]
+    assert "4-bit" in budget.rows[0][0] and "source dtype" in budget.rows[1][0]

@@ -346,20 +346,24 @@ def pair_budget(target_config: dict, draft_config: dict | None, target_tensors, 
                 usable: int, usable_source: str, labels=("target", "draft")) -> Budget:
     """Breakdown for a target and an optional draft.
 
+    `quantize_bits`: for both models, or a (target, draft) pair of them (None: unquantised).
     `float_bytes`: the compute width of float tensors (4 on the CPU backend,
     None = keep each tensor's dtype).  The KV cache and buffers use
     `float_bytes`, or the source's float width."""
     rows, details = [], {"quantize_bits": quantize_bits, "float_bytes": float_bytes}
-    qdesc = f"{quantize_bits}-bit" if quantize_bits else (f"float{8 * float_bytes}" if float_bytes else "source dtype")
+    plain = f"float{8 * float_bytes}" if float_bytes else "source dtype"
+    qdesc = f"{quantize_bits}-bit" if isinstance(quantize_bits, int) and quantize_bits else plain
     models = [(labels[0], target_config, list(target_tensors))]
     if draft_config is not None:
         models.append((labels[1], draft_config, list(draft_tensors or [])))
-    for label, cfg, tensors in models:
+    for i, (label, cfg, tensors) in enumerate(models):
         packed = (text_config(cfg).get("quantization") or {}).get("bits")
         n = param_count(tensors, packed)
-        wdesc = f"{packed}-bit (pre-quantised)" if packed else qdesc
+        bits = quantize_bits[i] if isinstance(quantize_bits, tuple) else quantize_bits  # (target, draft): each its own
+        desc = (f"{bits}-bit" if bits else plain) if isinstance(quantize_bits, tuple) else qdesc
+        wdesc = f"{packed}-bit (pre-quantised)" if packed else desc
         rows.append((f"{label} weights ({fmt_params(n)} params, {wdesc})",
-                     model_bytes(tensors, None if packed else quantize_bits, float_bytes)))
+                     model_bytes(tensors, None if packed else bits, float_bytes)))
         details[f"{label}_params"] = n
     for label, cfg, tensors in models:
         kvb = float_bytes or source_float_bytes(tensors)
@@ -394,7 +398,7 @@ def check_pair_fits(target_dir, draft_dir=None, context: int = 2048, budget_byte
         else:
             usable, src = budget_bytes, "given budget"
         budget = pair_budget(tcfg, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
-                             usable_source=src, quantize_bits=bits_at_load(tcfg))
+                             usable_source=src, quantize_bits=(bits_at_load(tcfg), bits_at_load(dcfg)))
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None  # unreadable folders are reported by the loader itself
     if not budget.fits:
