@@ -91,3 +91,15 @@ def test_a_converted_target_with_a_plain_draft_is_budgeted_each_as_it_loads(tmp_
     weights = [b for label, b in budget.rows if "weights" in label]
     assert weights == [memory.model_bytes(memory.local_tensors(converted), 4), memory.model_bytes(memory.local_tensors(plain))]
     assert "4-bit" in budget.rows[0][0] and "source dtype" in budget.rows[1][0]
+
+
+def test_the_4bit_load_is_calibrated_apart_from_the_float16_one(converted, monkeypatch):
+    from mlxspec.costs import calibration
+
+    fake_metal(monkeypatch, True)
+    pair = mlxspec.load(converted, no_draft=True)
+    monkeypatch.setenv("MLXSPEC_METAL_4BIT", "0")
+    plain16 = mlxspec.load(converted, no_draft=True)
+    assert quantized_layers(pair.target) and not quantized_layers(plain16.target)
+    lookup = mlxspec.api.make_drafter(plain16, "lookup")
+    assert calibration.cache_key(pair, lookup) != calibration.cache_key(plain16, lookup)

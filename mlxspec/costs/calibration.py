@@ -80,6 +80,9 @@ def cache_key(pair, drafter) -> str | None:
     dtype = model_dtype(getattr(pair, "target", None))
     if dtype not in (None, "float32"):  # --dtype float16 / bfloat16 (float32 keeps the keys it had)
         ident["dtype"] = dtype
+    tcfg = getattr(pair, "target_config", None) or {}
+    if isinstance(tcfg.get("mlxspec"), dict) and isinstance(tcfg.get("quantization"), dict):
+        ident["bits_at_load"] = tcfg["quantization"].get("bits")  # Metal's 4-bit load (models/metal_4bit.py)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
