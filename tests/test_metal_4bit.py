@@ -48,6 +48,7 @@ def test_on_metal_a_gguf_conversion_loads_4bit_and_generates(converted, monkeypa
     assert not any(v.dtype == mx.float32 for _, v in tree_flatten(model.parameters()))  # scales stay float16
     pair = mlxspec.load(converted, converted)
     assert quantized_layers(pair.target) and quantized_layers(pair.draft)
+    assert "(GGUF Q4_K_M, 4-bit, float16)" in pair.describe()
     result = mlxspec.generate(pair, "a b c", max_tokens=8, num_draft=2, temp=0.0)
     assert len(result.tokens) == 8
     assert "Quantized" not in capsys.readouterr().out  # mlx-lm's own line is not our output

@@ -104,6 +104,9 @@ def model_label(path: Path, config: dict, dtype: str | None = None) -> str:
     if dtype is None:
         cfg = config or {}
         dtype = printable(str(cfg.get("torch_dtype") or cfg.get("dtype") or "own dtype"), 20)
+    quant = (config or {}).get("quantization")
+    if source and isinstance(quant, dict) and quant.get("bits"):  # quantised at load (Metal, models/metal_4bit.py)
+        dtype = f"{printable(str(quant['bits']), 4)}-bit, {dtype}"
     return f"{model_name(path, config)} ({origin}, {dtype})"
 
 
