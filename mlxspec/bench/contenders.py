@@ -65,8 +65,9 @@ def timing_figures(token_times: list, from_draft: list, total_time: float) -> di
     }
 
 
-def mlxlm_rounds(from_draft: list, k: int, max_tokens: int) -> list[tuple[int, int]]:
-    """(drafted, accepted) per round, rebuilt from mlx-lm's from_draft flags.
+def mlxlm_parse(from_draft: list, k: int, max_tokens: int) -> list[tuple[int, int, int]]:
+    """(drafted, accepted, own) per round, rebuilt from mlx-lm's from_draft flags: own is 1
+    when the round ended with the target's own token.
 
     mlx-lm's `speculative_generate_step` drafts min(k, max_tokens - produced)
     tokens per round, yields the accepted drafts (from_draft=True) and then the
@@ -79,12 +80,16 @@ def mlxlm_rounds(from_draft: list, k: int, max_tokens: int) -> list[tuple[int, i
         while i < n and from_draft[i] and acc < nd:
             acc += 1
             i += 1
-        produced += acc
-        if i < n and not from_draft[i]:
-            i += 1
-            produced += 1
-        rounds.append((nd, acc))
+        own = 1 if i < n and not from_draft[i] else 0
+        i += own
+        produced += acc + own
+        rounds.append((nd, acc, own))
     return rounds
+
+
+def mlxlm_rounds(from_draft: list, k: int, max_tokens: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) per round (mlxlm_parse)."""
+    return [(nd, acc) for nd, acc, _ in mlxlm_parse(from_draft, k, max_tokens)]
 
 
 def position_counts(rounds: list[tuple[int, int]]) -> tuple[list, list]:

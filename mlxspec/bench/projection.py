@@ -21,22 +21,14 @@ from .figures import median
 
 
 def mlxlm_work(from_draft: list, k: int, max_tokens: int) -> list[tuple]:
-    """mlx-lm's rounds (`speculative_generate_step`, as bench/contenders.mlxlm_rounds reads
-    them) as work: a round drafts nd = min(k, tokens left) tokens in nd draft forwards of
-    one position each -- two for the first after a round that kept every draft (the last
-    draft was never fed) -- and verifies nd + 1 positions in one target pass."""
-    rounds, i, produced, n, full = [], 0, 0, len(from_draft), False
-    while i < n:
-        nd = min(k, max_tokens - produced)
-        acc = 0
-        while i < n and from_draft[i] and acc < nd:
-            acc += 1
-            i += 1
-        own = 0
-        if i < n and not from_draft[i]:
-            i += 1
-            own = 1
-        produced += acc + own
+    """mlx-lm's rounds (bench/contenders.mlxlm_parse) as work: a round drafts nd = min(k,
+    tokens left) tokens in nd draft forwards of one position each -- two for the first after
+    a round that kept every draft (the last draft was never fed) -- and verifies nd + 1
+    positions in one target pass."""
+    from .contenders import mlxlm_parse
+
+    rounds, full = [], False
+    for nd, acc, own in mlxlm_parse(from_draft, k, max_tokens):
         widths = tuple([2 if full else 1] + [1] * (nd - 1)) if nd else ()
         rounds.append((widths, nd + 1, acc + own))
         full = nd > 0 and acc == nd
