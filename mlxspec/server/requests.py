@@ -210,7 +210,7 @@ def parse_request(kind: str, body: dict) -> GenRequest:
             max_tokens = v
     sampling = {}
     for name, key in (("temperature", "temp"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
-                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed")):
+                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed"), ("sampling", "sampling")):
         v = _setting(body, name, key)
         if v is not None:
             sampling[key] = v
