@@ -78,16 +78,9 @@ def _parse_temps(ctx, param, value: str) -> list[float]:
         raise click.BadParameter(f"each temperature {e.rule}, got {e.value:g}")
 
 
-def _load_pair(model, draft, no_draft, pair_spec):
+def _load_pair(model, draft, no_draft):
     from ..models.loading import load
 
-    if pair_spec:
-        if model or draft:
-            raise MlxspecError("give either --pair or --model/--draft, not both")
-        if "," in pair_spec:
-            model, draft = (s.strip() for s in pair_spec.split(",", 1))
-        else:
-            model = pair_spec
     return load(model, draft, no_draft=no_draft)
 
 
@@ -107,8 +100,6 @@ def _command() -> str:
 
 @click.command()
 @model_options
-@click.option("--pair", "pair_spec", default=None,
-              help="A pair folder (from `mlxspec convert`) or TARGET,DRAFT (same forms as --model/--draft).")
 @click.option("--suite", "suites", default=",".join(DEFAULT_SUITES), show_default=True,
               help="Comma-separated suite names or paths to suite .json files.")
 @click.option("--prompts", "prompts_per_suite", type=click.IntRange(0), default=None,
@@ -137,7 +128,7 @@ def _command() -> str:
 @cost_profile_option("--profile", "--cost-profile",
                      help_extra=" Prints each contender's projected speed-up there (its recorded work priced by the "
                                 "profile) beside the measured one.")
-def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, repeats, max_tokens, num_draft,
+def bench(model, draft, no_draft, suites, prompts_per_suite, temps, repeats, max_tokens, num_draft,
           contenders, seed, out, quick, max_k, list_only, cost_profile=None, sampling=None):
     """Benchmark speculative decoding against plain decoding and mlx-lm, or (--quick) predict whether it pays."""
     temps_list = temps
@@ -166,7 +157,7 @@ def bench(model, draft, no_draft, pair_spec, suites, prompts_per_suite, temps, r
 
     echo = lambda s: click.echo(s, err=True)  # noqa: E731  (progress on stderr, results on stdout)
     t_load = time.perf_counter()
-    pair = _load_pair(model, draft, no_draft, pair_spec)
+    pair = _load_pair(model, draft, no_draft)
     echo(f"[{pair.describe()}; {describe()}; loaded in {time.perf_counter() - t_load:.1f} s]")
 
     if quick:

@@ -228,8 +228,6 @@ class Chat:
 
 @click.command()
 @model_options
-@click.option("--pair", "pair_dir", default=None, type=click.Path(file_okay=False),
-              help="A pair folder (written by `mlxspec convert`); same as --model DIR.")
 @sampling_options
 @click.option("--system-prompt", "--system", "system", default=None, help="System prompt (--system: the old name).")
 @max_tokens_option(1024, "Longest reply.")
@@ -242,7 +240,7 @@ class Chat:
               help="No chat template: each message is fed as raw text continuing the conversation so far "
                    "(the way to chat with a base model; a model without a template otherwise gets a plain "
                    "'User:/Assistant:' transcript).")
-def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_draft, num_draft_max, drafter,
+def chat(model, draft, no_draft, system, max_tokens, show_draft, num_draft, num_draft_max, drafter,
          draft_p_min, draft_vocab, tree, max_kv_size, ignore_chat_template, cost_profile=None, kv_bits=None,
          kv_group_size=64, **opts):
     """Interactive chat in the terminal."""
@@ -250,13 +248,11 @@ def chat(model, draft, no_draft, pair_dir, system, max_tokens, show_draft, num_d
     from ..models.loading import load
     from ..session.session import Session
 
-    if pair_dir and model:
-        raise click.UsageError("give --pair DIR or --model, not both")
     if ignore_chat_template and system is not None:
         raise click.BadParameter("needs the chat template (drop --ignore-chat-template)",
                                  param_hint="'--system-prompt'")
     uses_draft_model = drafter in (None, "model", "hybrid") or draft is not None
-    pair = load(pair_dir or model, draft, no_draft=no_draft or not uses_draft_model)
+    pair = load(model, draft, no_draft=no_draft or not uses_draft_model)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
                           drafter="none" if no_draft else drafter, tree=tree, max_kv_size=max_kv_size,

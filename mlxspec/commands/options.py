@@ -54,8 +54,39 @@ def _dtype_option(ctx, param, value):
     return value
 
 
+PAIR_HELP = ("A pair: a pair folder (from `mlxspec convert`) or TARGET,DRAFT (each as --model/--draft take "
+             "it). The same as --model/--draft-model, mlx-lm's spelling.")
+
+
+def split_pair(pair: str | None, model: str | None, draft: str | None) -> tuple[str | None, str | None]:
+    """--pair into (model, draft): a folder is --model's, TARGET,DRAFT both; never beside them."""
+    if not pair:
+        return model, draft
+    if model or draft:
+        raise click.UsageError("give either --pair or --model/--draft, not both")
+    if "," in pair:
+        t, d = (s.strip() for s in pair.split(",", 1))
+        if not t or not d:
+            raise click.BadParameter("TARGET,DRAFT with both named, or a pair folder", param_hint="'--pair'")
+        return t, d
+    return pair, None
+
+
 def model_options(f):
-    """--model/--draft/--no-draft/--dtype, shared by generate, chat, serve, bench and calibrate."""
+    """--model/--draft/--pair/--no-draft/--dtype, shared by generate, chat, serve, bench and calibrate:
+    one way to name a pair in every command (--pair is turned into model/draft here)."""
+    import functools
+
+    inner = f
+
+    @functools.wraps(inner)
+    def f(*args, pair=None, **kwargs):
+        if pair:
+            kwargs["model"], kwargs["draft"] = split_pair(pair, kwargs.get("model"), kwargs.get("draft"))
+        return inner(*args, **kwargs)
+
+    f.__click_params__ = list(getattr(inner, "__click_params__", []))
+    f = click.option("--pair", "pair", default=None, metavar="PAIR", help=PAIR_HELP)(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
                      expose_value=False, callback=_dtype_option,
                      help="What the models compute in (default: float32 on the CPU backend, the weights' "
@@ -72,6 +103,12 @@ def model_options(f):
 def sampling_options(f):
     """--temp/--top-p/--top-k/--min-p/--repetition-penalty/--seed/--sampling, shared by generate, chat and serve."""
     f = sampling_choice_option(f)
+    f = click.option("--logit-bias", "logit_bias", multiple=True, callback=_logit_bias_option, metavar="ID=BIAS",
+                     help="Add BIAS (-100..100) to token ID's logit, as OpenAI's logit_bias (repeatable).")(f)
+    f = click.option("--frequency-penalty", type=typed("frequency_penalty"), default=0.0, show_default=True,
+                     help="OpenAI's: lower a token's logit by this much per time it was generated (0 = off).")(f)
+    f = click.option("--presence-penalty", type=typed("presence_penalty"), default=0.0, show_default=True,
+                     help="OpenAI's: lower the logit of every token generated before by this much (0 = off).")(f)
     f = click.option("--seed", type=typed("seed"), default=None,
                      help="Random seed: the same seed gives the same output.")(f)
     f = click.option("--repetition-penalty", type=typed("repetition_penalty"), default=1.0, show_default=True,
@@ -88,7 +125,28 @@ def sampling_options(f):
 
 def sampling_kwargs(o) -> dict:
     return dict(temp=o["temp"], top_p=o["top_p"], top_k=o["top_k"], min_p=o["min_p"],
-                repetition_penalty=o["repetition_penalty"], seed=o["seed"], sampling=o.get("sampling"))
+                repetition_penalty=o["repetition_penalty"], seed=o["seed"], sampling=o.get("sampling"),
+                presence_penalty=o.get("presence_penalty") or 0.0, frequency_penalty=o.get("frequency_penalty") or 0.0,
+                logit_bias=o.get("logit_bias") or ())
+
+
+def _logit_bias_option(ctx, param, values):
+    """--logit-bias ID=BIAS ... as ((id, bias), ...), by core/options.py's rule."""
+    from ..core.options import check_logit_bias
+
+    pairs = []
+    for v in values:
+        tid, sep, bias = v.partition("=")
+        try:
+            pairs.append((tid.strip(), float(bias)))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise click.BadParameter(f"must be ID=BIAS (a token id and a number), got {v!r}")
+    try:
+        return check_logit_bias(pairs, "--logit-bias")
+    except BadValue as e:
+        raise click.BadParameter(f"{e.rule}, got {e.value!r}")
 
 
 SAMPLING_HELP = ("How speculation samples at --temp > 0: coupled (Gumbel noise fixed by the seed and the "
