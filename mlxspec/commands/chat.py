@@ -229,7 +229,7 @@ class Chat:
 @click.command()
 @model_options
 @sampling_options
-@click.option("--system-prompt", "--system", "system", default=None, help="System prompt (--system: the old name).")
+@click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only; --system: the old name).")
 @max_tokens_option(1024, "Longest reply.")
 @click.option("--show-draft", is_flag=True, help="Colour tokens that came from the draft (green).")
 @draft_options

@@ -57,7 +57,7 @@ def mx_peak_gb() -> float:
 @kv_bits_options
 @cost_profile_option()
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
-@click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only).")
+@click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only; --system: the old name).")
 @click.option("--show-prompt", is_flag=True, help="Print the prompt as the model sees it (template applied) to stderr.")
 @click.option("--verbose/--quiet", "verbose", default=True,
               help="--quiet: print only the generated text (no header or summary lines).")
