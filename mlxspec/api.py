@@ -33,6 +33,7 @@ class Chunk:
     text: str  # the new text (may be empty while a multi-byte character is incomplete)
     token: int
     from_draft: bool
+    logprobs: tuple | None = None  # asked for: (log p(token), [(id, log p), ...] the top ones), p the target's
 
 
 @dataclass
@@ -231,7 +232,9 @@ class GenerationStream:
     consistent with the tokens produced so far."""
 
     def __init__(self, decoder: SpeculativeDecoder, tokenizer, history: list[int], params: SamplingParams,
-                 max_tokens: int, should_stop=None, eos_token_ids=None):
+                 max_tokens: int, should_stop=None, eos_token_ids=None, logprobs: int | None = None):
+        """`logprobs` (0-20): each Chunk carries its token's log-probability and the top `logprobs`
+        alternatives under the target's processed distribution (read off the verify pass)."""
         self.stats = GenerationStats()
         self.tokens: list[int] = []
         self.text = ""
@@ -240,17 +243,17 @@ class GenerationStream:
         decoder.check_tokens(history)
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         self._history, self._start = history, len(history)
-        self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop)
+        self._gen = decoder.generate(history, params, max_tokens, eos, self.stats, should_stop, logprobs)
         self._it = self._run()
 
     def _run(self) -> Iterator[Chunk]:
         detok = self._tokenizer.detokenizer
-        for token, from_draft in self._gen:
+        for token, from_draft, *info in self._gen:
             detok.add_token(token)
             self.tokens.append(token)
             seg = detok.last_segment
             self.text += seg
-            yield Chunk(seg, token, from_draft)
+            yield Chunk(seg, token, from_draft, info[0] if info else None)
         detok.finalize()
         tail = detok.last_segment
         if tail:
@@ -276,10 +279,13 @@ class GenerationStream:
 
 
 def _params(temp=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
-            repetition_context_size=20, seed=None, sampling=None) -> SamplingParams:
+            repetition_context_size=20, seed=None, sampling=None, presence_penalty=0.0,
+            frequency_penalty=0.0, logit_bias=()) -> SamplingParams:
     return SamplingParams(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                           repetition_penalty=repetition_penalty,
-                          repetition_context_size=repetition_context_size, seed=seed, sampling=sampling)
+                          repetition_context_size=repetition_context_size, seed=seed, sampling=sampling,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                          logit_bias=logit_bias)
 
 
 def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_draft=None,
@@ -288,7 +294,8 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
                     max_kv_size: int | None = None, cost_profile=None, kv_bits: int | None = None,
                     kv_group_size: int = 64, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
-    repetition_penalty, repetition_context_size, seed, sampling ("coupled": the plain run's
+    repetition_penalty, repetition_context_size, presence_penalty, frequency_penalty (OpenAI's,
+    -2..2, over the generated tokens), logit_bias ({token id: bias}), seed, sampling ("coupled": the plain run's
     text for a seed, token for token, whatever the draft -- the default with a seed;
     "rejection": speculative rejection sampling, the default without one).  `tree`, `max_kv_size`,
     `kv_bits`, `kv_group_size`: see

@@ -25,6 +25,7 @@ so any number of threads may each generate with their own decoder
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable, Iterator
@@ -38,7 +39,7 @@ from .costs.cost_model import assumed
 from .costs.draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
 from .drafting.drafters import EMPTY, Drafter, ModelDrafter, PromptLookupDrafter
 from .errors import MlxspecError
-from .core.sampling import SamplingParams, new_key, process_logits
+from .core.sampling import SamplingParams, new_key, process_logits, token_logprobs
 from .core.stats import GenerationStats
 from .core.token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 from .trees.round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
@@ -114,6 +115,7 @@ class SpeculativeDecoder:
         self.lookup = PromptLookupDrafter()  # in tree rounds, its continuations join the trees
         self._guard = threading.Lock()
         self._user: tuple | None = None  # (thread, token) of the generation running now
+        self._round_logprobs = None  # the last chain round's processed log-probabilities
 
     def _claim(self) -> object:
         """Take the decoder for one generation: refused in one line while another live
@@ -192,6 +194,7 @@ class SpeculativeDecoder:
         if params.uses_context:
             contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
         logprobs = process_logits(logits, params, contexts)
+        self._round_logprobs = logprobs  # rows 0..n chose the emitted tokens (generate(logprobs=...) reads them)
         if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i
             accepted, next_tokens = verify_coupled(logprobs, mx.array(drafted, dtype=mx.uint32), k_verify, len(history))
         else:
@@ -210,19 +213,26 @@ class SpeculativeDecoder:
 
     def generate(self, history: list[int], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, eos_token_ids=(), stats: GenerationStats | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, bool]]:
+                 should_stop: Callable[[], bool] | None = None, logprobs: int | None = None
+                 ) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) pairs, appending each token to `history`
         (a list the caller owns) before it is yielded.  EOS is not yielded.  One
         generation at a time per decoder (a second thread's is refused); the decoder is
-        free again once this one is exhausted, closed or dropped."""
+        free again once this one is exhausted, closed or dropped.  `logprobs` (0-20):
+        yield (token, from_draft, (log p(token), [(id, log p), ...] top `logprobs`))
+        triples instead, p the target's processed distribution the token was chosen
+        from, read off the verify pass (no extra forward).  The penalties and a constraint
+        count the generated tokens from len(history) on (`params.completion_start`)."""
         token = self._claim()
         try:
             clear_streams_when_thread_ends()
-            yield from self._generate(history, params, max_tokens, eos_token_ids, stats, should_stop)
+            if params.uses_context and params.completion_start != len(history):
+                params = dataclasses.replace(params, completion_start=len(history))
+            yield from self._generate(history, params, max_tokens, eos_token_ids, stats, should_stop, logprobs)
         finally:
             self._release(token)
 
-    def _generate(self, history, params, max_tokens, eos_token_ids, stats, should_stop):
+    def _generate(self, history, params, max_tokens, eos_token_ids, stats, should_stop, want_lp=None):
         stats = stats if stats is not None else GenerationStats()
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):
@@ -280,11 +290,13 @@ class SpeculativeDecoder:
                     stats.record_tree(r.nodes, r.depth, len(r.accepted), r.siblings_taken, r.lookup_taken)
                     drafted, accepted, nxt, outcomes, rnd = r.nodes, r.accepted, r.next_token, r.outcomes, r.budget
                     t_verify, depth, ties = t_draft + r.draft_time, r.depth, r.ties
+                    lp_rows = (r.logprobs, r.rows)
                 else:
                     rnd = self.policy.round(k) if k else Round(None, 0)
                     t_verify, drafted, accepted, nxt, outcomes, ties = self._chain_round(history, k, params, k_draft,
                                                                                          k_verify, rnd)
                     depth = None
+                    lp_rows = (self._round_logprobs, list(range(len(accepted) + 1)))
                 t_end = time.perf_counter()
                 n = len(accepted)
                 new = accepted + [nxt]
@@ -306,10 +318,14 @@ class SpeculativeDecoder:
                     for s in work:
                         s.widths.clear()
                 self.policy.update(rnd, outcomes, n + 1)
+                info = None
+                if want_lp is not None and emit:
+                    info = token_logprobs(lp_rows[0], lp_rows[1][: len(emit)], emit, want_lp)
+                self._round_logprobs = None
                 for i, tok in enumerate(emit):
                     history.append(tok)
                     produced += 1
-                    yield tok, i < n
+                    yield (tok, i < n) if info is None else (tok, i < n, info[i])
                 if stats.finish_reason == "stop":
                     break
             else:

@@ -112,6 +112,9 @@ RULES = {
     "repetition_penalty": Rule(float, 0, low_open=True, words="(1 = off)"),
     "repetition_context_size": Rule(int, 1),
     "seed": Rule(int, 0, 2**64 - 1),
+    "presence_penalty": Rule(float, -2, 2, words="(0 = off; OpenAI's range)"),
+    "frequency_penalty": Rule(float, -2, 2, words="(0 = off; OpenAI's range)"),
+    "logit_bias_value": Rule(float, -100, 100, words="(added to the token's logit)"),
     "sampling": Choice(("coupled", "rejection"), words="(default: coupled with a seed, else rejection)"),
     "max_tokens": Rule(int, 1),
     "num_draft": Rule(int, 0, MAX_NUM_DRAFT, words="(0 = plain decoding)", keywords=("auto",)),
@@ -132,6 +135,31 @@ def check(name: str, value):
     if value is None:
         return None
     return RULES[name].check(name, value)
+
+
+MAX_LOGIT_BIAS = 1024  # entries
+
+
+def check_logit_bias(value, name: str = "logit_bias") -> tuple:
+    """OpenAI's logit_bias -- {token id (a string of digits or an int): bias in -100..100} or
+    ((id, bias), ...) -- as a sorted tuple of (int id, float bias); BadValue naming the entry."""
+    items = value.items() if isinstance(value, dict) else value
+    try:
+        items = list(items or ())
+    except TypeError:
+        raise BadValue(name, "must be an object {token id: bias}", value)
+    if len(items) > MAX_LOGIT_BIAS:
+        raise BadValue(name, f"takes at most {MAX_LOGIT_BIAS} token ids", f"{len(items)} entries")
+    out = {}
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise BadValue(name, "must be an object {token id: bias}", value)
+        t, b = item
+        tid = int(t) if isinstance(t, str) and t.isascii() and t.isdigit() else t
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+            raise BadValue(name, "keys must be token ids (whole numbers >= 0, as strings in JSON)", t)
+        out[tid] = RULES["logit_bias_value"].check(f"{name}[{t}]", b)
+    return tuple(sorted(out.items()))
 
 
 def check_all(**values) -> dict:

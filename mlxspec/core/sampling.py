@@ -4,16 +4,24 @@ distribution we sample from.
 Speculative sampling is exact only if the target distribution p and the draft
 distribution q go through *the same* processing, so both models' logits pass
 through `process_logits` and nothing else.  Order (as Hugging Face and
-llama.cpp's common sampler): repetition penalty on the raw logits, then
-temperature, then top-k, top-p and min-p on the tempered distribution, then
-renormalise.  temp == 0 means greedy: the distribution is a point mass on the
-argmax of the penalised logits.
+llama.cpp's common sampler): on the raw logits, `logit_bias` (added), the
+repetition penalty (the last `repetition_context_size` tokens of the context,
+prompt included), OpenAI's presence and frequency penalties (logit -= presence *
+[count > 0] + frequency * count, counted over the tokens generated so far, the
+prompt excluded, as OpenAI and vLLM do), then a constraint's mask (a
+`constraint` object, e.g. mlxspec/constrained/: tokens that would break a JSON
+reply get -inf); then temperature, then top-k, top-p and min-p on the tempered
+distribution, then renormalise.  temp == 0 means greedy: the distribution is a
+point mass on the argmax of the processed logits.  The context-dependent steps
+read each row's own context (`contexts`), so a draft's rows and the target's
+rows for the same prefix are processed alike.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
@@ -30,13 +38,22 @@ class SamplingParams:
     repetition_context_size: int = 20
     seed: int | None = None
     sampling: str | None = None  # "coupled" | "rejection"; None: coupled with a seed, else rejection (core/coupled.py)
+    presence_penalty: float = 0.0  # OpenAI's: logit -= presence * [token generated before]
+    frequency_penalty: float = 0.0  # logit -= frequency * (times generated before)
+    logit_bias: tuple = ()  # ((token id, bias -100..100), ...); a dict {id: bias} is taken too
+    # Set by the decoder or a server, not by users: where the generated part of a context begins (the
+    # penalties count, and a constraint reads, from there), and a constraint (mlxspec/constrained/)
+    completion_start: int = field(default=0, repr=False)
+    constraint: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         """Every field checked by core/options.py's rules: a bad one is a one-line BadValue (an MlxspecError)."""
-        from .options import check
+        from .options import check, check_logit_bias
 
-        for name in ("temp", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_context_size", "seed", "sampling"):
+        for name in ("temp", "top_k", "top_p", "min_p", "repetition_penalty", "repetition_context_size", "seed",
+                     "sampling", "presence_penalty", "frequency_penalty"):
             object.__setattr__(self, name, check(name, getattr(self, name)))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -51,10 +68,21 @@ class SamplingParams:
 
     @property
     def uses_context(self) -> bool:
-        return self.repetition_penalty != 1.0
+        """Processing reads each row's context (a penalty or a constraint)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.constraint is not None)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Anything is done to the raw logits before temperature (a pruned draft head's greedy
+        shortcut, which skips processing, is then not taken)."""
+        return self.uses_context or bool(self.logit_bias)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The user's settings (what a Session saves); not the decoder's start or a constraint."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("completion_start", "constraint")}
+        d["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        return d
 
 
 def apply_repetition_penalty(logits: mx.array, context: list[int], penalty: float) -> mx.array:
@@ -65,6 +93,31 @@ def apply_repetition_penalty(logits: mx.array, context: list[int], penalty: floa
     idx = mx.array(sorted(set(context)))
     sel = logits[idx]
     return logits.at[idx].add(mx.where(sel < 0, sel * penalty, sel / penalty) - sel)
+
+
+def apply_openai_penalties(logits: mx.array, generated: list, presence: float, frequency: float) -> mx.array:
+    """OpenAI's presence and frequency penalties on (N, V) logits: row i's `generated[i]` is the
+    tokens it has generated so far (logit -= presence * [count > 0] + frequency * count)."""
+    rows, cols, vals = [], [], []
+    for i, toks in enumerate(generated):
+        for t, c in Counter(toks).items():
+            if 0 <= t < logits.shape[-1]:
+                rows.append(i)
+                cols.append(t)
+                vals.append(presence + frequency * c)
+    if not rows:
+        return logits
+    return logits.at[mx.array(rows), mx.array(cols)].add(-mx.array(vals, dtype=mx.float32))
+
+
+def apply_logit_bias(logits: mx.array, bias: tuple) -> mx.array:
+    """OpenAI's logit_bias ((token id, bias), ...) added to every row; ids past the vocabulary are left out."""
+    pairs = [(t, b) for t, b in bias if t < logits.shape[-1]]
+    if not pairs:
+        return logits
+    row = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[mx.array([t for t, _ in pairs])].add(
+        mx.array([b for _, b in pairs], dtype=mx.float32))
+    return logits + row
 
 
 def _top_k(lp: mx.array, k: int) -> mx.array:
@@ -101,19 +154,28 @@ def _normalise(lp: mx.array) -> mx.array:
 def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> mx.array:
     """Logits (N, V) -> log-probabilities (N, V) of the distribution to sample from.
 
-    `contexts[i]` is the token history seen by row i (only the last
-    `repetition_context_size` tokens are used; ignored without a penalty).
-    For greedy params the result is the penalised logits, normalised; take its
-    argmax.
+    `contexts[i]` is the token history seen by row i (the repetition penalty reads
+    its last `repetition_context_size` tokens; the presence and frequency penalties
+    and a constraint, its tokens from `params.completion_start` on; ignored when
+    nothing reads it).  For greedy params the result is the processed logits,
+    normalised; take its argmax.
     """
     logits = logits.astype(mx.float32)
+    if params.logit_bias:
+        logits = apply_logit_bias(logits, params.logit_bias)
     if params.uses_context and contexts is not None:
-        n = params.repetition_context_size
-        rows = [
-            apply_repetition_penalty(logits[i], list(contexts[i][-n:]), params.repetition_penalty)
-            for i in range(logits.shape[0])
-        ]
-        logits = mx.stack(rows)
+        if params.repetition_penalty != 1.0:
+            n = params.repetition_context_size
+            rows = [
+                apply_repetition_penalty(logits[i], list(contexts[i][-n:]), params.repetition_penalty)
+                for i in range(logits.shape[0])
+            ]
+            logits = mx.stack(rows)
+        generated = [list(c[params.completion_start:]) for c in contexts]
+        if params.presence_penalty or params.frequency_penalty:
+            logits = apply_openai_penalties(logits, generated, params.presence_penalty, params.frequency_penalty)
+        if params.constraint is not None:  # -inf where a token would break the constraint
+            logits = logits + params.constraint.mask(generated, logits.shape[-1])
     if params.greedy:
         return _normalise(logits)
     lp = _normalise(logits / params.temp)
@@ -121,6 +183,25 @@ def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> m
     lp = _top_p(_normalise(lp), params.top_p) if params.top_p < 1.0 else lp
     lp = _min_p(lp, params.min_p)
     return _normalise(lp)
+
+
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the processing ruled out (JSON has no -inf)
+
+
+def token_logprobs(logprobs: mx.array, rows: list, tokens: list, top: int) -> list:
+    """For each emitted token: (its log-probability in row rows[j] of the processed (N, V)
+    `logprobs`, [(id, log-probability), ...] of the row's `top` most likely tokens, best first)."""
+    sel = logprobs[mx.array(rows)] if rows else logprobs[:0]
+    chosen = mx.take_along_axis(sel, mx.array(tokens)[:, None], axis=-1)[:, 0]
+    best = mx.argsort(-sel, axis=-1)[:, :top] if top > 0 else None
+    vals = mx.take_along_axis(sel, best, axis=-1) if top > 0 else None
+    mx.eval(chosen, *([best, vals] if top > 0 else []))
+    floor = lambda x: max(float(x), LOGPROB_FLOOR)  # noqa: E731
+    out = []
+    for j, c in enumerate(chosen.tolist()):
+        tops = list(zip(best[j].tolist(), map(floor, vals[j].tolist()))) if top > 0 else []
+        out.append((floor(c), tops))
+    return out
 
 
 def sample(logprobs: mx.array, params: SamplingParams, key: mx.array) -> mx.array:

@@ -103,7 +103,7 @@ class ModelDrafter(Drafter):
     def _distribution(self, logits, params, context):
         """(log q over the full vocabulary or None, token, log q(token)) for one step."""
         sub = self.subset
-        if sub is not None and params.greedy and not params.uses_context:
+        if sub is not None and params.greedy and not params.adjusts_logits:
             lp = cpu.normalise(logits)  # over the subset only
             j = mx.argmax(lp, axis=-1)
             return None, sub.ids[j], mx.take_along_axis(lp, j[:, None], axis=-1)[:, 0]

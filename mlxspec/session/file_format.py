@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from ..errors import MlxspecError
-from ..core.options import RULES, BadValue
+from ..core.options import RULES, BadValue, check_logit_bias
 from ..core.sampling import SamplingParams
 
 SAVE_FORMAT = "mlxspec.session.session"
@@ -146,7 +146,8 @@ class _Checker:
         return value
 
 
-_SAMPLING_TYPES = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
+_SAMPLING_TYPES = {f.name: f.type for f in dataclasses.fields(SamplingParams)
+                   if f.name not in ("completion_start", "constraint")}  # the decoder's and a server's, not saved
 
 
 def _check_sampling(c: _Checker, sampling) -> SamplingParams:
@@ -155,7 +156,13 @@ def _check_sampling(c: _Checker, sampling) -> SamplingParams:
         field = f"settings.sampling.{key}"
         if key not in _SAMPLING_TYPES:
             c.fail(field, f"is not a sampling setting (known: {', '.join(_SAMPLING_TYPES)})")
-        c.setting(value, field, key, nullable=key == "seed")
+        if key == "logit_bias":
+            try:
+                check_logit_bias(value, field)
+            except BadValue as e:
+                c.fail(field, f"{e.rule}, got {_described(e.value)}")
+        else:
+            c.setting(value, field, key, nullable=key == "seed")
     try:
         return SamplingParams(**sampling)
     except ValueError as e:

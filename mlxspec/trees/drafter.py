@@ -123,7 +123,7 @@ class TreeDraft:
         (token, probability) candidates, q or None, the draft's top token)."""
         d, params = self.drafter, self.params
         sub = d.subset
-        if params.greedy and not params.uses_context:
+        if params.greedy and not params.adjusts_logits:
             lp = cpu.normalise(logits if sub is not None else fit_rows(logits, d.rows))  # a subset's own ids
             if lp.dtype != mx.float32:  # a float16 / bfloat16 draft (numpy has no bfloat16)
                 lp = lp.astype(mx.float32)

@@ -43,6 +43,8 @@ class TreeResult:
     budget: TreeBudget  # its stop_reason says why the tree stopped growing
     draft_time: float  # seconds spent growing the tree
     ties: list | None = None  # greedy: near-tie flags of the emitted rows (core/acceptance.near_ties)
+    logprobs: object = None  # the target's processed (N, V) log-probabilities (row 0 the root, 1 + j after node j)
+    rows: list | None = None  # the rows the emitted tokens were chosen from, root first
 
 
 # Why a pair verifies chains (`NoTrees.kind`).  The first two are what the user chose
@@ -139,7 +141,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     draft.commit(path)
     return TreeResult(len(tree), tree.max_depth, [tree.tokens[j] for j in path], nxt,
                       _outcomes(tree, draft, path, policy), sum(tree.rank[j] > 0 for j in path),
-                      sum(tree.lookup[j] for j in path), budget, draft_time, ties)
+                      sum(tree.lookup[j] for j in path), budget, draft_time, ties, lp, [0] + [1 + j for j in path])
 
 
 def _outcomes(tree, draft: TreeDraft, path: list, policy) -> list:
