@@ -10,13 +10,22 @@ from ..costs.calibration import cache_key, calibration_dir, for_decoder
 from ..costs.machine_load import describe, too_busy
 
 
-def _check_cached(cm) -> None:
-    """Exit 1 when the figures were not cached: other programs kept the machine busy while
-    they were measured (costs/machine_load.py), so they are off; an earlier calibration stays."""
+def _check_cached(cm, key=None) -> None:
+    """Exit 1 when other programs kept the machine busy while the figures were measured
+    (costs/machine_load.py), so they are off: an earlier calibration stays; without one they
+    are cached marked as such, and measured again by the first run on an idle machine."""
     import click
 
     if too_busy(cm.busy):
-        raise click.ClickException(f"not cached: {describe(cm.busy)} while measuring; run it again when the "
+        kept = None
+        if key is not None:
+            from ..costs.calibration import load_cached
+
+            cached = load_cached(key)
+            kept = cached is not None and cached.busy == cm.busy
+        what = ("cached, marked as measured under load (measured again on an idle machine)" if kept
+                else "not cached")
+        raise click.ClickException(f"{what}: {describe(cm.busy)} while measuring; run it again when the "
                                    "machine is idle")
 
 
@@ -44,7 +53,7 @@ def _command():
         cm = for_decoder(pair, d, refresh=True, say=None)
         if as_json:
             click.echo(json.dumps({"pair": pair.describe(), "drafter": d.name, **cm.to_dict()}))
-            _check_cached(cm)
+            _check_cached(cm, cache_key(pair, d))
             return
         click.echo(f"{pair.describe()}, drafter {d.name}")
         click.echo(f"plain target step: {1000 * cm.plain_step_s:.1f} ms")
@@ -57,7 +66,7 @@ def _command():
             click.echo("draft forward by width (its own steps): "
                        + ", ".join(f"{w}: {cm.draft_curve(w):.2f}" for w in (1, 2, 3, 4, 8, 16)))
         key = cache_key(pair, d)
-        _check_cached(cm)
+        _check_cached(cm, key)
         click.echo(f"cached in {calibration_dir() / (key + '.json')}" if key else "(not cached: models without a folder)")
 
     return calibrate_cmd

@@ -2,8 +2,11 @@
 drafter, under the mlxspec home (`MLXSPEC_CALIBRATION_DIR` overrides the folder).
 
 `for_decoder` returns the cached cost model for a decoder, measuring it first
-(cost_model.calibrate) when there is none, and caches the result unless other
-programs kept the machine busy meanwhile (costs/machine_load.py).  A file of another
+(cost_model.calibrate) when there is none, and caches the result.  One measured while
+other programs kept the machine busy (costs/machine_load.py) is off: it is cached only
+where nothing better is, marked (`busy`), used by later runs while the machine stays
+busy (a minute of calibration on every start would cost more than its error), and
+measured again by the first run that finds the machine idle.  A file of another
 format, or one that does not parse, is ignored with a note and measured again.
 Files are written whole (a temporary file, then a rename), so a killed run never
 leaves half a calibration.
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from .cost_model import FORMAT, CostModel, calibrate
 from ..errors import MlxspecError
-from .machine_load import Watch, limit
+from .machine_load import Watch, describe, idle_now, limit, too_busy
 from .verify_curve import as_used, spread_warning
 from ..util.untrusted import printable, read_json
 
@@ -80,6 +83,9 @@ def cache_key(pair, drafter) -> str | None:
     dtype = model_dtype(getattr(pair, "target", None))
     if dtype not in (None, "float32"):  # --dtype float16 / bfloat16 (float32 keeps the keys it had)
         ident["dtype"] = dtype
+    sharded = getattr(getattr(pair, "target", None), "mlxspec_sharding", None)
+    if sharded:  # a target split over mlx.launch's ranks (distributed/): its passes carry their messages
+        ident["sharded"] = sharded
     tcfg = getattr(pair, "target_config", None) or {}
     if isinstance(tcfg.get("mlxspec"), dict) and isinstance(tcfg.get("quantization"), dict):
         ident["bits_at_load"] = tcfg["quantization"].get("bits")  # Metal's 4-bit load (models/metal_4bit.py)
@@ -121,6 +127,8 @@ def read(path: Path, fmt: int | None = FORMAT) -> CostModel:
         raise ValueError(f"format {printable(repr(d.get('format')), 40)}")
     cm = CostModel(_number(d, "draft_step", 0, MAX_RELATIVE), _widths(d, "verify", True),
                    _number(d, "plain_step_s", 0, MAX_STEP_S), "cached", _widths(d, "draft_widths", False))
+    if d.get("busy") is not None:  # measured while other programs kept this many cores busy (machine_load.py)
+        cm.busy = _number(d, "busy", 0, 1 << 16)
     if isinstance(d.get("dips_real"), bool):  # Metal: whether the curve's dips reproduced (verify_curve.as_used)
         cm.dips_real = d["dips_real"]
     if cm.verify[0] != 1.0:
@@ -171,10 +179,19 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
     the rules use it: with the small-batch kernel the verify curve never falls
     (costs/verify_curve.py); the cache keeps the figures as measured."""
     key = cache_key(pair, drafter)
-    cm = None if (refresh or key is None) else load_cached(key, warn=say)
+    limit()  # a bad MLXSPEC_BUSY_CORES is refused before anything is measured or read
+    cached = None if key is None else load_cached(key, warn=say)
+    cm = None if refresh else cached
     if cm is not None:
-        return as_used(cm)
-    limit()  # a bad MLXSPEC_BUSY_CORES is refused before the measuring, not after it
+        if not too_busy(cm.busy):
+            return as_used(cm)
+        if not idle_now():  # measured under load and still busy: use it rather than pay a minute every start
+            if say is not None:
+                say(f"note: using a calibration measured while {describe(cm.busy)}; it is measured again once "
+                    "the machine is idle (or run `mlxspec calibrate` then)")
+            return as_used(cm)
+        if say is not None:
+            say("note: the cached calibration was measured under load and the machine is idle now: measuring again")
     vocab = _vocab_rows(pair)
     if key is not None and say is not None:
         say("calibrating the draft and verify costs on this machine (once per pair; `mlxspec calibrate` to redo)")
@@ -184,10 +201,18 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
     note = spread_warning(cm) if watch.others is None else None  # no /proc load figure (not Linux): say so from the repeats
     if note and say is not None:
         say(note)
-    if watch.busy():  # its prices are off: used for this run only (costs/machine_load.py)
+    if watch.busy():  # its prices are off (costs/machine_load.py): kept, marked, only where nothing better is cached
+        keep = key is not None and (cached is None or (too_busy(cached.busy) and cm.busy < cached.busy))
         if say is not None:
-            say(f"note: {watch.describe()} while calibrating: these costs are not cached and will be "
-                "measured again next time (or run `mlxspec calibrate` when the machine is idle)")
+            say(f"note: {watch.describe()} while calibrating: "
+                + ("these costs are kept, marked as measured under load, and measured again once the machine is "
+                   "idle" if keep else "these costs serve this run only; the calibration cached before is kept")
+                + " (or run `mlxspec calibrate` when the machine is idle)")
+        if keep:
+            try:
+                save(key, cm)
+            except OSError:
+                pass
         return as_used(cm)
     if key is not None:
         try:

@@ -93,6 +93,14 @@ def limit() -> float:
     return value
 
 
+def idle_now(seconds: float = 0.3) -> bool:
+    """Are other programs keeping at most the limit of cores busy right now (a short look)?
+    True where the machine's busy time is unknown."""
+    with Watch() as w:
+        time.sleep(seconds)
+    return not w.busy()
+
+
 def too_busy(others: float | None) -> bool:
     """Did other programs keep more cores busy than the limit (None: unknown, so no)?"""
     return others is not None and others > limit()
