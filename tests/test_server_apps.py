@@ -36,6 +36,7 @@ PAGE = "http://localhost:5173"  # a dev server's page on another localhost port
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = start(tmp_path_factory, "serve-apps", *SMOLLM2, "--num-draft-tokens", "3", "--max-queue", "1",
+              "--parallel", "1",
               "--allowed-origins", APP, extra_env={"MLXSPEC_SSE_KEEPALIVE": "0.3"})
     yield s
     s.stop()

@@ -26,6 +26,7 @@ HI = [{"role": "user", "content": "Tell me a story about a dragon."}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = start(tmp_path_factory, "serve-errors", *SMOLLM2, "--num-draft-tokens", "3", "--max-queue", "2",
+              "--parallel", "1",
               "--max-request-bytes", str(MAX_BODY))
     yield s
     s.stop()

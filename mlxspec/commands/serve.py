@@ -12,6 +12,7 @@ import click
 
 from ..errors import MlxspecError
 from ..server.engine import Engine
+from ..server.scheduler import default_parallel
 from ..server.guard import Gate, Spare, is_loopback, parse_list, resolve_api_key
 from ..server.http import DEFAULT_MAX_BODY, REQUEST_TIMEOUT, Handler, Server, Server6, chat_page
 from ..util.untrusted import printable
@@ -45,12 +46,16 @@ from .options import draft_options, kv_bits_options, max_kv_size_option, max_tok
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without --api-key.")
 @click.option("--max-queue", type=click.IntRange(1, 4096), default=8, show_default=True,
               help="Requests that may wait for the device; beyond it: HTTP 429.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="Requests that decode at the same time, each with its own KV caches and draft/verify rounds "
+                   "(default: as many full-context KV caches as fit next to the models, at most 4; 1: one at a "
+                   "time).")
 @click.option("--max-request-bytes", type=click.IntRange(min=1024), default=DEFAULT_MAX_BODY, show_default=True,
               help="Largest request body; beyond it: HTTP 413.")
 @click.option("--verbose", is_flag=True, help="Log every request to stderr.")
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
           draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, api_key_file,
-          allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, max_request_bytes, verbose,
+          allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, parallel, max_request_bytes, verbose,
           kv_bits=None, kv_group_size=64, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from ..api import make_decoder
@@ -91,15 +96,25 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         needs_draft = drafter in (None, "model", "hybrid") or draft is not None
         pair = load(spec, draft, no_draft=no_draft or not needs_draft)
         httpd.loading = {**httpd.loading, "phase": "calibrating"}
-        decoder = make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
-                               draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree,
-                               max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        def new_decoder(cost=None):
+            return make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,
+                                draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree, cost=cost,
+                                max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=kv_group_size)
+
+        decoder = new_decoder()
+        rule = ""
+        if parallel is None:
+            parallel, rule = default_parallel(pair, max_kv_size)
         name = model_name(pair.target_path, pair.target_config)
         httpd.pair, httpd.defaults, httpd.max_tokens = pair, defaults, max_tokens
         httpd.model_id = str(spec) if spec else name
         httpd.model_ids = {httpd.model_id, name}
-        httpd.engine = Engine(pair, decoder, num_draft, max_queue)  # last: the server is ready
+        cost = getattr(decoder.policy, "cost", None)  # the other slots' decoders do not calibrate again
+        httpd.engine = Engine(pair, decoder, num_draft, max_queue, parallel,  # last: the server is ready
+                              lambda: new_decoder(cost))
         click.echo(f"[{pair.describe()}]", err=True)
+        click.echo(f"mlxspec serve: up to {parallel} stream{'s' if parallel > 1 else ''} at a time (--parallel"
+                   f"{'; ' + rule if rule else ''})", err=True)
         click.echo(f"mlxspec serve: listening on http://{shown}:{bound_port}/ (chat page at /, OpenAI API at /v1)",
                    nl=True)
         sys.stdout.flush()

@@ -1,20 +1,23 @@
-"""`mlxspec serve`: one generation at a time on the device, from a bounded queue.
+"""`mlxspec serve`: up to N generations at a time on the device, from a bounded queue.
 
-The engine owns ONE `SpeculativeDecoder` for the server's lifetime, so the
-target's and the draft's KV caches keep whatever prefix the next request
-shares: `ModelState.sync` trims both to the longest common prefix and feeds only
-the rest (a follow-up chat turn costs its new message; `prompt_tokens_processed`
-in the stats says how many prompt tokens were fed).  The prompt is the chat
-template tokenized afresh from the request's messages, so a reply depends on the
-request alone: it equals a fresh server's and `mlxspec generate`'s.
+The engine keeps up to `parallel` slots (server/scheduler.py), each ONE
+`SpeculativeDecoder` for the server's lifetime, so the target's and the draft's
+KV caches keep whatever prefix the next request shares: `ModelState.sync` trims
+both to the longest common prefix and feeds only the rest (a follow-up chat turn
+costs its new message when it lands on its conversation's slot, which the engine
+prefers; `prompt_tokens_processed` in the stats says how many prompt tokens were
+fed).  The prompt is the chat template tokenized afresh from the request's
+messages, so a reply depends on the request alone: it equals a fresh server's and
+`mlxspec generate`'s, whatever else runs beside it.
 
-`run_forever` runs in the main thread (MLX is used from that thread only); HTTP
-threads `submit` a `Job` and read its events: ("text", piece, from_draft) ...
-then ("done", stats, finish_reason) or ("error", message).  A full queue is
-`QueueFull` (HTTP 429, with a Retry-After of about one generation).
-`Job.cancel()` (a client gone) ends the generation before its next
-draft/verify round; a job cancelled while queued leaves the queue at once (its
-place is free for the next client) and never runs.
+`run_forever` runs in the main thread (MLX is used from that thread only): it
+admits queued jobs to free slots and steps the running ones round-robin, one
+draft/verify round each.  HTTP threads `submit` a `Job` and read its events:
+("text", piece, from_draft) ... then ("done", stats, finish_reason) or ("error",
+message).  A full queue is `QueueFull` (HTTP 429, with a Retry-After of about one
+generation).  `Job.cancel()` (a client gone) ends its generation before its next
+draft/verify round, the others untouched; a job cancelled while queued leaves
+the queue at once (its place is free for the next client) and never runs.
 """
 
 from __future__ import annotations
@@ -27,12 +30,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..api import GenerationStream, make_policy
-from ..costs.draft_length import FixedK
-from ..drafting.drafters import Drafter
+from ..api import make_policy
 from ..errors import MlxspecError
 from ..core.sampling import SamplingParams
-from .responses import StopMatcher
+from .scheduler import Running, Slot, choose
 from ..util.untrusted import printable
 
 
@@ -65,20 +66,38 @@ class Job:
 
 
 class Engine:
-    def __init__(self, pair, decoder, num_draft, max_queue: int):
+    def __init__(self, pair, decoder, num_draft, max_queue: int, parallel: int = 1, make_decoder=None):
+        """`decoder`: the first slot's; `make_decoder()` makes the others' (up to `parallel` slots, each made
+        when it is first needed; without it one slot serves every request)."""
         self.pair = pair
-        self.decoder = decoder
         self.num_draft = num_draft  # the server's setting, as given (None: auto)
-        self.default = (decoder.drafter, decoder.policy)
-        self.plain = (Drafter(), FixedK(0))
-        self.auto_policy = decoder.policy if num_draft in (None, "auto") else None
+        self.parallel = max(1, parallel) if make_decoder is not None else 1
+        self.make_decoder = make_decoder
+        self._cost = getattr(decoder.policy, "cost", None)  # the calibration, shared by every slot's auto policy
+        self.slots = [Slot(self, decoder, 0)]
+        self.active: list[Running] = []  # round-robin order
         self.waiting: collections.deque = collections.deque()  # queued jobs, oldest first
         self.cond = threading.Condition()
         self.max_queue = max_queue
-        self.busy = False
         self.served = 0
+        self.generated = 0  # tokens generated since start, every stream
         self.last: dict | None = None  # the last generation's outcome, for /health
         self.last_seconds = 1.0  # how long the last generation took (Retry-After)
+
+    # the first slot's, as before --parallel (tests and callers that know one decoder)
+    decoder = property(lambda self: self.slots[0].decoder)
+    default = property(lambda self: self.slots[0].default)
+    plain = property(lambda self: self.slots[0].plain)
+
+    def cost(self):
+        """The cost model for an auto policy: the server's calibration, measured once."""
+        if self._cost is None:
+            self._cost = getattr(make_policy(None, self.slots[0].default[0], self.pair), "cost", None)
+        return self._cost
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active)
 
     def submit(self, job: Job):
         with self.cond:
@@ -99,102 +118,114 @@ class Engine:
         self.last = {"finish_reason": "cancelled", "completion_tokens": 0, "rounds_after_cancel": 0}
 
     def retry_after(self) -> int:
-        return max(1, min(60, math.ceil(self.last_seconds)))
+        """About one generation's seconds (several streams share the device: each takes longer)."""
+        return max(1, min(60, math.ceil(self.last_seconds / len(self.slots))))
 
     def queued(self) -> int:
         return len(self.waiting)
 
     def health(self) -> dict:
-        return {"busy": self.busy, "queued": self.queued(), "max_queue": self.max_queue,
-                "served": self.served, "last_generation": self.last}
+        active = list(self.active)
+        return {"busy": bool(active), "active": len(active), "parallel": self.parallel, "queued": self.queued(),
+                "max_queue": self.max_queue, "served": self.served, "last_generation": self.last,
+                "streams": [r.describe() for r in active]}
+
+    def stats(self) -> dict:
+        """/stats: /health's figures, every slot's cache, and totals since start."""
+        return {**self.health(), "generated_tokens": self.generated,
+                "slots": [{"slot": s.index, "busy": s.running is not None, "cached_tokens": len(s.held())}
+                          for s in list(self.slots)]}
 
     def run_forever(self):
+        """Admit queued jobs to free slots, then give each running stream one round, in turn."""
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: self.waiting, timeout=0.5)  # a timeout, so Ctrl-C reaches this thread
-                if not self.waiting:
-                    continue
-                job = self.waiting.popleft()
-                job.withdraw = None
-                if job.cancelled.is_set():  # cancelled as it was taken
-                    continue
-                self.busy = True
-            start = time.monotonic()
-            try:
-                self.run(job)
-            finally:
-                self.last_seconds = time.monotonic() - start
-                self.busy = False
-                self.served += 1
+                if not self.active:  # a timeout, so Ctrl-C reaches this thread
+                    self.cond.wait_for(lambda: self.waiting, timeout=0.5)
+                admitted = self._admit()
+            for job, slot in admitted:
+                self._start(job, slot)
+            for r in list(self.active):
+                self._step(r)
 
-    def _setup(self, num_draft) -> str | int:
-        """Point the decoder at this request's drafter and policy; return the
-        setting in effect (for the stats)."""
-        drafter, policy = self.default
-        if num_draft is None:
-            effective = "auto" if self.num_draft is None else self.num_draft
-        elif num_draft == 0 or not drafter.max_k:
-            drafter, policy, effective = *self.plain, 0
-        elif num_draft == "auto":
-            if self.auto_policy is None:
-                self.auto_policy = make_policy(None, drafter, self.pair)
-            policy, effective = self.auto_policy, "auto"
-        else:
-            policy, effective = FixedK(num_draft), num_draft
-        if not drafter.max_k:
-            effective = 0
-        self.decoder.use(drafter, policy)  # a fixed k drafts chains (decoder.trees)
-        return effective
+    def _admit(self) -> list:
+        """(job, slot) for each queued job that gets a free slot now (the queue's lock held)."""
+        out = []
+        while self.waiting:
+            job = self.waiting[0]
+            if job.cancelled.is_set():  # cancelled as it was taken
+                self.waiting.popleft()
+                continue
+            slot = self._slot_for(job.history, [s for _, s in out])
+            if slot is None:
+                break
+            self.waiting.popleft()
+            job.withdraw = None
+            out.append((job, slot))
+        return out
+
+    def _slot_for(self, history: list, taken: list):
+        """A free slot, preferring one whose cache holds this prompt's prefix (scheduler.choose); a
+        new slot rather than trimming another conversation's cache, while there are fewer than N."""
+        best = choose([s for s in self.slots if s not in taken], history)
+        if len(self.slots) < self.parallel and (best is None or best.shared(history) < len(best.held())):
+            best = Slot(self, self.make_decoder(), len(self.slots))
+            self.slots.append(best)
+        return best
+
+    def _start(self, job: Job, slot: Slot):
+        if job.cancelled.is_set():
+            return
+        try:
+            r = Running(slot, job, self.pair)
+        except BaseException as e:
+            return self._fail(job, slot, None, e)
+        self.active.append(r)
+
+    def _step(self, r: Running):
+        try:
+            done = r.step()
+        except BaseException as e:
+            self.active.remove(r)
+            return self._fail(r.job, r.slot, r, e)
+        if done:
+            self.active.remove(r)
+            r.close()
+            self.last_seconds = time.monotonic() - r.started
+            self.served += 1
+            self.generated += r.stream.stats.generated_tokens
 
     def run(self, job: Job):
-        effective = self._setup(job.num_draft)
-        put = job.events.put
-        stream = None
-        finish = None
+        """One job to its end on the first slot, in the calling thread (no queue)."""
+        slot = self.slots[0]
         try:
-            stream = GenerationStream(self.decoder, self.pair.tokenizer, list(job.history), job.params,
-                                      job.max_tokens, should_stop=job.cancelled.is_set,
-                                      eos_token_ids=self.pair.eos_token_ids)
-            job.stats = stream.stats
-            matcher = StopMatcher(job.stop)
-            for chunk in stream:
-                for text, draft in matcher.feed(chunk.text, chunk.from_draft):
-                    put(("text", text, draft))
-                if matcher.stopped:
-                    finish = "stop"
-                    break
-            for text, draft in matcher.flush():
-                put(("text", text, draft))
-            stream.close()
-            stats = stream.stats
-            finish = finish or stats.finish_reason or "length"
-            if job.cancelled.is_set():
-                finish = "cancelled"
-            after = None if job.passes_at_cancel is None else stats.target_passes - job.passes_at_cancel
-            self.last = {"finish_reason": finish, "completion_tokens": stats.generated_tokens,
-                         "rounds_after_cancel": after, "num_draft_tokens": effective}
-            put(("done", stats, finish, effective))
-        except MlxspecError as e:
-            self._failed(job, stream, str(e))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a bug, or a panic in the model's tokenizer (pyo3's PanicException): the caches
-            # may be half-updated; one line to the log, a 500 to the client, and the server goes on
+            r = Running(slot, job, self.pair)
+            while not r.step():
+                pass
+            r.close()
+        except BaseException as e:
+            self._fail(job, slot, slot.running, e)
+
+    def _fail(self, job: Job, slot: Slot, running, e: BaseException):
+        """A generation that raised: its slot's caches are reset, its client gets the error, the others go on."""
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise e
+        if isinstance(e, MlxspecError):
+            message = str(e)
+        else:  # a bug, or a panic in the model's tokenizer (pyo3's PanicException): the caches may be half-updated;
+            # one line to the log, a 500 to the client, and the server goes on
             print(f"mlxspec serve: generation failed: {type(e).__name__}: {printable(str(e), 300)}",
                   file=sys.stderr, flush=True)
-            self._failed(job, stream, f"internal error ({type(e).__name__}); the server reset its caches")
-        finally:
-            self.decoder.use(*self.default)
-
-    def _failed(self, job: Job, stream, message: str):
+            message = f"internal error ({type(e).__name__}); the server reset its caches"
         try:
-            if stream is not None:
-                stream.close()
+            if running is not None:
+                running.close()
         except Exception:
             pass
-        self.decoder.reset()
-        for d, _ in (self.default, self.plain):
-            d.reset()
+        slot.restore()
+        slot.running = None
+        slot.reset()
+        self.served += 1
         self.last = {"finish_reason": "error", "completion_tokens": 0, "rounds_after_cancel": None,
                      "error": message, "at": time.time()}
         job.events.put(("error", message))

@@ -3,7 +3,8 @@
     mlxspec serve --model smollm2-135m --draft smollm2-135m --port 8080
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not),
-GET /v1/models, GET /v1/models/{id}, GET /health, and a chat page at /.  The
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /stats (the streams
+running now, the slots' caches), and a chat page at /.  The
 port opens before the models load: until they are loaded and calibrated
 (`server.engine` is None) /health answers 503 {"status": "loading", ...} and
 every /v1 route 503 with Retry-After.  Web pages from allowed origins
@@ -12,7 +13,8 @@ every response to them carries Access-Control-Allow-Origin.  A queued
 streaming client gets SSE keep-alive comments while it waits.  HTTP threads parse and check
 a request and tokenize its prompt (every malformed request is a JSON error
 before it takes a queue place: server/requests.py), then hand it to the engine,
-which runs one generation at a time in the main thread (server/engine.py), and
+which runs up to --parallel generations in the main thread, a round of each in
+turn (server/engine.py, server/scheduler.py), and
 write what it produces as JSON or as server-sent events (server/responses.py).
 While waiting, a handler watches its socket: a client that hangs up cancels its
 generation before the next draft/verify round.  What a request must be to get
@@ -285,6 +287,10 @@ class Handler(BaseHTTPRequestHandler):
             if s.engine is None:
                 return self._json(503, self._loading_health(), headers={"Retry-After": "2"})
             self._json(200, {"status": "ok", "model": s.model_id, **s.engine.health()})
+        elif path == "/stats":
+            if s.engine is None:
+                return self._json(503, self._loading_health(), headers={"Retry-After": "2"})
+            self._json(200, {"model": s.model_id, **s.engine.stats()})
         elif path in ("/", "/index.html"):
             self._send(200, s.page, "text/html; charset=utf-8")
         elif path in ("/v1/models", "/models") or path.startswith(("/v1/models/", "/models/")):
