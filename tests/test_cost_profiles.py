@@ -54,6 +54,22 @@ def test_the_mapping_onto_the_cost_model_counts_the_host_overhead():
     assert lk.draft_step == pytest.approx((0.01 + 0.1) / 1.1, abs=1e-4) and lk.verify == cm.verify
 
 
+def test_host_time_per_position_makes_wide_passes_dearer():
+    """A tree node's host work (benchmarks/host_overhead.py) is priced per position beyond a
+    forward's first, in the verify curve and in the draft's forwards alike."""
+    p = profiles.from_dict(custom(host_overhead=0.1, host_per_position=0.02))
+    cm = p.cost_model()
+    assert cm.verify_width(1) == 1.0
+    assert cm.verify_width(2) == pytest.approx((1.1 + 0.1 + 0.02) / 1.1, abs=1e-4)
+    assert cm.draft_width(2) == pytest.approx((0.2 * 1.5 + 0.1 + 0.02) / 1.1, abs=1e-3)
+    base = profiles.from_dict(custom(host_overhead=0.1)).cost_model()
+    assert cm.verify_width(16) - base.verify_width(16) == pytest.approx(15 * 0.02 / 1.1, abs=1e-3)
+    for name in profiles.SHIPPED:  # each shipped profile's share is the measured host time over its step
+        d = profiles.SHIPPED[name]
+        assert d["host_per_position"] == pytest.approx(profiles.HOST_MS["position"] / d["target_step_ms"], abs=1e-4)
+        assert profiles.load_profile(name).to_dict()["target_step_ms"] == d["target_step_ms"]
+
+
 def test_pricing_a_known_rounds_list():
     cm = profiles.from_dict(custom()).cost_model()
     rounds = [((1, 1, 1), 4, 3), ((2, 1), 3, 2), ((), 1, 1)]

@@ -12,16 +12,21 @@ decode step of the target (batch 1, one position: what mlx-lm's tok/s measures):
      "draft_step": 0.16,                        # one draft decode step
      "verify": {"2": 1.09, "4": 1.25, "8": 1.8},  # a target pass over w positions (w = 1 is 1.0)
      "draft_widths": {"2": 1.02, "8": 1.15},   # optional: a draft forward over w positions / over 1
-     "host_overhead": 0.03,                     # optional: host work per forward (Python, sync), in target steps
-     "sources": ["..."]}
+     "host_overhead": 0.04,                     # optional: host work per forward (Python, sync), in target steps
+     "host_per_position": 0.01,                 # optional: host work per position beyond a forward's first
+     "sources": ["..."]}                        #   (a tree node's growing, masking, walking), in target steps
 
 Widths not given are interpolated linearly (beyond the widest, the cost model's own
 extrapolation).  Mapped onto `CostModel` (costs/cost_model.py), whose unit is a plain
-step of mlxspec's loop, one decode step plus the host overhead h:
+step of mlxspec's loop, one decode step plus the host overhead h; n is the host's
+`host_per_position`:
 
-    verify[w]       = (V(w) + h) / (1 + h)
+    verify[w]       = (V(w) + h + n (w - 1)) / (1 + h)
     draft_step      = (d + h) / (1 + h)
-    draft_widths[w] = (d * D(w) + h) / (d + h)    (so a draft forward over w costs (d D(w) + h) / (1 + h))
+    draft_widths[w] = (d * D(w) + h + n (w - 1)) / (d + h)   (a draft forward over w costs that x draft_step)
+
+The shipped profiles' h and n come from the loop's host time measured here
+(benchmarks/host_overhead.py: HOST_MS below) over each profile's target step in ms.
 
 `this-machine` names no file: it is the calibration (costs/calibration.py).
 Values are range-checked as calibration files are (an inf silently turns drafting off);
@@ -42,7 +47,19 @@ MAX_FILE_BYTES = 64 << 10
 MAX_WIDTH = 64  # widths a profile may price
 MAX_RELATIVE = 1000.0  # as costs/calibration.py: a pass or a step costs at most this many target steps
 MAX_OVERHEAD = 10.0
-KEYS = {"format", "name", "description", "draft_step", "verify", "draft_widths", "host_overhead", "sources", "notes"}
+KEYS = {"format", "name", "description", "draft_step", "verify", "draft_widths", "host_overhead", "host_per_position",
+        "target_step_ms", "sources", "notes"}
+# The loop's host time (benchmarks/host_overhead.py, real rounds on a tiny model whose forwards cost next to nothing,
+# on this repository's 2-core x86 machine while other work ran: an upper estimate for an Apple core): a forward
+# ~0.4 ms, a position beyond a forward's first (a tree node) ~0.1 ms.  A profile's share: these over its target step.
+HOST_MS = {"forward": 0.4, "position": 0.1}
+
+
+def host_share(target_step_ms: float) -> dict:
+    """`host_overhead` and `host_per_position` of a Mac whose target step takes `target_step_ms`."""
+    return {"host_overhead": round(HOST_MS["forward"] / target_step_ms, 4),
+            "host_per_position": round(HOST_MS["position"] / target_step_ms, 4)}
+
 
 _M3_SOURCES = [
     "/work/shared/notes/apple-silicon.md (docs/profiles.md cites each row's origin)",
@@ -60,9 +77,9 @@ SHIPPED: dict[str, dict] = {
         "draft_step": 0.16,
         "verify": {"1": 1.0, "2": 1.09, "4": 1.25, "8": 1.8, "16": 2.2, "32": 3.25},
         "draft_widths": {"1": 1.0, "2": 1.02, "4": 1.05, "8": 1.15, "16": 1.4},
-        "host_overhead": 0.03,
+        "target_step_ms": 10.0, **host_share(10.0),
         "sources": _M3_SOURCES,
-        "notes": "midpoints of the published ranges; draft widths and host overhead are inferences",
+        "notes": "midpoints of the published ranges; draft widths are inferences; host time measured here (HOST_MS)",
     },
     "apple-m3plus-32b": {
         "format": FORMAT, "name": "apple-m3plus-32b",
@@ -70,7 +87,7 @@ SHIPPED: dict[str, dict] = {
         "draft_step": 0.06,
         "verify": {"1": 1.0, "2": 1.09, "4": 1.25, "8": 2.0, "16": 3.0, "32": 4.0},
         "draft_widths": {"1": 1.0, "2": 1.02, "4": 1.05, "8": 1.15, "16": 1.4},
-        "host_overhead": 0.01,
+        "target_step_ms": 41.0, **host_share(41.0),
         "sources": _M3_SOURCES + [
             "32B step: itsmostafa/inference-speed-tests (M4 Max Qwen2.5-32B 4-bit 24.5 tok/s, ~41 ms) against a "
             "0.5B step of 1.6-2.6 ms: 0.04-0.06, plus a margin for an older chip's draft",
@@ -84,7 +101,7 @@ SHIPPED: dict[str, dict] = {
         "draft_step": 0.6,
         "verify": {"1": 1.0, "2": 1.05, "4": 1.15, "8": 1.38, "16": 1.65, "32": 2.3},
         "draft_widths": {"1": 1.0, "2": 1.02, "4": 1.05, "8": 1.15, "16": 1.4},
-        "host_overhead": 0.06,
+        "target_step_ms": 3.5, **host_share(3.5),
         "sources": [
             "/work/shared/notes/apple-silicon.md",
             "verify: planning ranges for a 1.5B target, flatter (w4 1.05-1.25, w8 1.15-1.6, w16 1.3-2.0); "
@@ -92,7 +109,7 @@ SHIPPED: dict[str, dict] = {
             "draft step: 0.5B ~0.45-0.75 of a 1.5B 4-bit step (Rapid-MLX M4 Max Qwen2.5-1.5B 282-308 tok/s; "
             "mlxcel M5 Max Qwen2.5-0.5B 637 tok/s)",
         ],
-        "notes": "midpoints; w2, w32, draft widths and host overhead are inferences",
+        "notes": "midpoints; w2, w32 and draft widths are inferences; host time measured here (HOST_MS)",
     },
     "apple-m1-7b": {
         "format": FORMAT, "name": "apple-m1-7b",
@@ -100,14 +117,15 @@ SHIPPED: dict[str, dict] = {
         "draft_step": 0.16,
         "verify": {"1": 1.0, "2": 1.65, "4": 2.85, "8": 5.0, "16": 5.0, "32": 5.0},
         "draft_widths": {"1": 1.0, "2": 1.3, "4": 1.9, "8": 3.0, "16": 3.0},
-        "host_overhead": 0.01,
+        "target_step_ms": 26.0, **host_share(26.0),
         "sources": [
             "/work/shared/notes/apple-silicon.md",
             "verify: M1/M2 ranges w2 1.5-1.8, w4 2.5-3.2, w8 and up 4-6 (mlxcel qwen38-mtp-m1ultra: M1 Ultra 27B "
             "1.74 / 3.11 / 5.6; mlx PR #3764: qmv_wide only on M3 and later)",
             "7B step: itsmostafa/inference-speed-tests (M1 Pro Qwen2.5-7B 4-bit 39.0 tok/s, ~26 ms)",
         ],
-        "notes": "midpoints; w8 and wider one figure (5.0, the middle of 4-6); draft widths an inference",
+        "notes": "midpoints; w8 and wider one figure (5.0, the middle of 4-6); draft widths an inference; host time "
+                 "measured here (HOST_MS)",
     },
 }
 
@@ -116,18 +134,19 @@ class Profile:
     """A checked cost profile: its numbers as given (relative to one target decode step)."""
 
     def __init__(self, name: str, draft_step: float, verify: dict, draft_widths: dict, host_overhead: float,
-                 description: str = "", sources=(), origin: str = "shipped"):
+                 description: str = "", sources=(), origin: str = "shipped", host_per_position: float = 0.0,
+                 target_step_ms: float | None = None):
         self.name, self.description, self.sources, self.origin = name, description, list(sources), origin
         self.draft_step, self.verify, self.draft_widths = draft_step, verify, draft_widths
-        self.host_overhead = host_overhead
+        self.host_overhead, self.host_per_position, self.target_step_ms = host_overhead, host_per_position, target_step_ms
 
     def cost_model(self, drafter=None) -> CostModel:
         """The profile as the rules use it (in plain steps of mlxspec's loop, see the module
         docstring).  `drafter`: a drafter without a draft model of its own (prompt lookup,
         layer-skip) keeps its own estimate of its step (`relative_cost`)."""
-        h = self.host_overhead
+        h, n = self.host_overhead, self.host_per_position
         width = max(self.verify)
-        verify = [round((v + h) / (1 + h), 4) for v in _fill(self.verify, width)]
+        verify = [round((v + h + n * i) / (1 + h), 4) for i, v in enumerate(_fill(self.verify, width))]
         verify[0] = 1.0
         d = self.draft_step
         if drafter is not None and (not getattr(drafter, "uses_draft_model", False)
@@ -135,8 +154,8 @@ class Profile:
             d = float(getattr(drafter, "relative_cost", d))
         dw = []
         if self.draft_widths:
-            dw = [round((d * x + h) / (d + h), 4) if d + h > 0 else 1.0
-                  for x in _fill(self.draft_widths, max(self.draft_widths))]
+            dw = [round((d * x + h + n * i) / (d + h), 4) if d + h > 0 else 1.0
+                  for i, x in enumerate(_fill(self.draft_widths, max(self.draft_widths)))]
             dw[0] = 1.0
         return CostModel(round((d + h) / (1 + h), 4), verify, 0.0, f"profile {self.name}", dw)
 
@@ -144,7 +163,8 @@ class Profile:
         return {"format": FORMAT, "name": self.name, "description": self.description,
                 "draft_step": self.draft_step, "verify": {str(w): v for w, v in sorted(self.verify.items())},
                 "draft_widths": {str(w): v for w, v in sorted(self.draft_widths.items())},
-                "host_overhead": self.host_overhead, "sources": self.sources}
+                "host_overhead": self.host_overhead, "host_per_position": self.host_per_position,
+                **({"target_step_ms": self.target_step_ms} if self.target_step_ms else {}), "sources": self.sources}
 
 
 def _number(value, what: str, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -192,7 +212,10 @@ def from_dict(d, origin: str = "file") -> Profile:
     return Profile(name, _number(d.get("draft_step"), "draft_step", 0, MAX_RELATIVE), _widths(d, "verify", True),
                    _widths(d, "draft_widths", False),
                    _number(d.get("host_overhead", 0.0), "host_overhead", 0, MAX_OVERHEAD),
-                   str(d.get("description", "")), sources, origin)
+                   str(d.get("description", "")), sources, origin,
+                   _number(d.get("host_per_position", 0.0), "host_per_position", 0, MAX_OVERHEAD),
+                   None if d.get("target_step_ms") is None else _number(d["target_step_ms"], "target_step_ms", 0,
+                                                                         1e6, lo_open=True))
 
 
 def names() -> list[str]:
