@@ -48,12 +48,13 @@ class ChatTemplateError(MlxspecError):
     SecurityError, a bug in the template): nothing was generated."""
 
 
-def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool):
+def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool, tools: list | None = None):
     """`tokenizer.apply_chat_template(messages, add_generation_prompt=True)`, with
     whatever the template raises (it is code that came with the model) turned
-    into a one-line ChatTemplateError."""
+    into a one-line ChatTemplateError.  `tools`: OpenAI's tool list, for templates that take it."""
     try:
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=tokenize)
+        kw = {"tools": tools} if tools else {}
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=tokenize, **kw)
     except Exception as e:
         msg = " ".join(str(e).split())
         if type(e).__name__ == "TemplateError" and msg:  # raise_exception("...") in the template: its own words
@@ -66,7 +67,8 @@ def apply_chat_template(tokenizer, messages: list[dict], tokenize: bool):
     return out
 
 
-def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_size: int | None = None,
+                  tools: list | None = None) -> list[int]:
     """A str (raw text, or chat-templated if chat_template=True), a list of chat
     messages ({"role", "content"} dicts, always templated), or token ids (ints,
     0 <= id < `vocab_size` when given: see core/token_ids.py)."""
@@ -81,7 +83,7 @@ def encode_prompt(tokenizer, prompt, chat_template: bool | None = None, vocab_si
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
         if not getattr(tokenizer, "chat_template", None):
             raise MlxspecError("this tokenizer has no chat template: pass a plain text prompt instead of messages")
-        return apply_chat_template(tokenizer, prompt, tokenize=True)
+        return apply_chat_template(tokenizer, prompt, tokenize=True, tools=tools)
     if isinstance(prompt, (list, tuple)) and prompt:
         return validate_token_ids(prompt, vocab_size)
     raise MlxspecError("prompt must be text, a list of chat messages, or a non-empty list of token ids")

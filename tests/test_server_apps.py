@@ -162,15 +162,12 @@ def test_a_queued_stream_hears_keep_alive_comments(server, busy):
 
 # -- D: fields the server does not implement --------------------------------------------------------------
 UNSUPPORTED = [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),  # SmolLM2 has no tool format
+    ("tool_choice", "required"),  # would need constrained decoding
+    ("functions", [{"name": "f", "parameters": {}}]),
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("logprobs", True),
-    ("top_logprobs", 2),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -1),
-    ("logit_bias", {"50256": -100}),
+    ("best_of", 2),
     ("n", 2),
 ]
 
@@ -189,8 +186,62 @@ def test_unsupported_fields_left_at_their_defaults_are_fine(server):
                                          "response_format": {"type": "text"}, "n": 1, "tool_choice": None,
                                          "user": "someone"})
     assert status == 200, body
-    status, body, _ = server.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "logprobs": 3})
+    assert body["choices"][0]["logprobs"] is None  # not asked for: none computed
+    status, body, _ = server.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "logprobs": 21})
     assert error_of(status, body, 400)["param"] == "logprobs"
+    status, body, _ = server.post(CHAT, {"messages": HI, "max_tokens": 2, "top_logprobs": 2})
+    assert error_of(status, body, 400)["param"] == "top_logprobs"  # needs logprobs: true
+    status, body, _ = server.post(CHAT, {"messages": HI, "max_tokens": 2, "logit_bias": {"49152": 1}})
+    assert error_of(status, body, 400)["param"] == "logit_bias"  # past SmolLM2's vocabulary
+    status, body, _ = server.post(CHAT, {"messages": HI, "max_tokens": 2, "presence_penalty": 2.5})
+    assert error_of(status, body, 400)["param"] == "presence_penalty"
+
+
+# -- logprobs, penalties, logit_bias (openai client) -----------------------------------------------------
+def _client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def test_logprobs_are_the_targets_and_drafting_changes_none(server):
+    """Greedy: each token's logprob is its row's best, its tokens spell the reply, and the values
+    equal a plain (num_draft_tokens 0) run's; streamed chunks carry the same entries."""
+    c = _client(server)
+    ask = dict(model=MODEL, max_tokens=12, messages=HI, logprobs=True, top_logprobs=3)
+    r = c.chat.completions.create(**ask)
+    plain = c.chat.completions.create(**ask, extra_body={"num_draft_tokens": 0})
+    got, want = r.choices[0].logprobs.content, plain.choices[0].logprobs.content
+    assert r.model_extra["speculative"]["accepted"] > 0
+    assert "".join(t.token for t in got) == r.choices[0].message.content == plain.choices[0].message.content
+    assert len(got) == r.usage.completion_tokens
+    for a, b in zip(got, want):
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-3
+        assert bytes(a.bytes).decode() == a.token and len(a.top_logprobs) == 3
+        assert a.top_logprobs[0].token == a.token and abs(a.top_logprobs[0].logprob - a.logprob) < 1e-6
+        assert a.top_logprobs[0].logprob >= a.top_logprobs[1].logprob >= a.top_logprobs[2].logprob
+    streamed = [t for ch in c.chat.completions.create(**ask, stream=True) if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in got]
+    done = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert "".join(lp.tokens).lstrip() == done.choices[0].text.lstrip()  # mlx-lm's detokenizer drops a leading space
+    assert len(lp.top_logprobs[0]) == 2
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(top[t] == v for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+
+
+def test_penalties_and_bias_change_the_text_not_its_exactness(server):
+    """With presence and frequency penalties the reply changes, and speculative = plain; a +100
+    logit_bias makes that token the only one."""
+    c = _client(server)
+    base = c.chat.completions.create(model=MODEL, max_tokens=30, messages=HI)
+    pen = dict(model=MODEL, max_tokens=30, messages=HI, presence_penalty=2.0, frequency_penalty=2.0)
+    r = c.chat.completions.create(**pen)
+    plain = c.chat.completions.create(**pen, extra_body={"num_draft_tokens": 0})
+    assert r.choices[0].message.content == plain.choices[0].message.content != base.choices[0].message.content
+    assert r.model_extra["speculative"]["drafted"] > 0
+    forced = c.chat.completions.create(model=MODEL, max_tokens=6, messages=HI, logit_bias={"1000": 100},
+                                       logprobs=True).choices[0].logprobs.content
+    assert len({t.token for t in forced}) == 1 and all(t.logprob > -1e-3 for t in forced)  # +100: always that token
 
 
 # -- B: honest start-up ----------------------------------------------------------------------------------

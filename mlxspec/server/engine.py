@@ -55,6 +55,7 @@ class Job:
     stats: object = None  # the running generation's GenerationStats
     passes_at_cancel: int | None = None
     withdraw: object = None  # the engine's, once queued: takes a cancelled job out of the queue
+    logprobs: int | None = None  # asked for: "text" events carry a 4th item, the tokens' (id, logprob, top)
 
     def cancel(self):
         if not self.cancelled.is_set():

@@ -348,7 +348,7 @@ class Handler(BaseHTTPRequestHandler):
                 s.engine.decoder.check_tokens(history)
             except MlxspecError as e:
                 raise RequestError(str(e), param="prompt", code="invalid_prompt")
-            job = Job(history, params, max_tokens, req.stop, req.num_draft)
+            job = Job(history, params, max_tokens, req.stop, req.num_draft, logprobs=req.logprobs)
             try:
                 s.engine.submit(job)
             except QueueFull as e:
@@ -356,7 +356,7 @@ class Handler(BaseHTTPRequestHandler):
                                    headers={"Retry-After": str(e.retry_after)})
         except RequestError as e:
             return self._error(e)
-        shapes = Shapes(kind, req.model or self.server.model_id)
+        shapes = Shapes(kind, req.model or self.server.model_id, req, self.server.pair.tokenizer)
         try:
             if req.stream:
                 self._stream(job, shapes, req.include_usage)
@@ -367,13 +367,12 @@ class Handler(BaseHTTPRequestHandler):
             raise
 
     def _complete(self, job: Job, shapes: Shapes):
-        pieces = []
         for ev in self._events(job):
             if ev[0] == "text":
-                pieces.append(ev[1])
+                shapes.add(ev)  # its text, and its tokens' logprobs when asked for
             elif ev[0] == "done":
                 _, stats, finish, num_draft = ev
-                self._json(200, shapes.full("".join(pieces), openai_finish(finish), stats, num_draft))
+                self._json(200, shapes.full(None, openai_finish(finish), stats, num_draft))
             else:
                 self._error(RequestError(ev[1], status=500, code="generation_failed", kind="server_error"))
 
@@ -397,10 +396,12 @@ class Handler(BaseHTTPRequestHandler):
 
         for ev in self._events(job, keepalive):
             if ev[0] == "text":
-                write(sse(shapes.chunk(ev[1], from_draft=ev[2])))
+                for c in shapes.stream_text(ev):  # tool calls are held back to the end (server/tools.py)
+                    write(sse(c))
             elif ev[0] == "done":
                 _, stats, finish, num_draft = ev
-                write(sse(shapes.chunk(None, finish=openai_finish(finish))))
+                for c in shapes.stream_end(openai_finish(finish)):
+                    write(sse(c))
                 if include_usage:
                     write(sse(shapes.usage_chunk(stats, num_draft)))
                 write(SSE_DONE)

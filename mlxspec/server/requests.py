@@ -7,7 +7,11 @@ request takes a place in the generation queue.  A field that would change what
 an app gets back but that this server does not implement (`tools`,
 `response_format`, `logprobs`, a non-zero penalty, `n` > 1, ...: `UNSUPPORTED`)
 is a 400 naming it, never a silent 200 with something else; fields that change
-nothing in the reply (`user`, `metadata`, `store`, ...) are ignored.
+nothing in the reply (`user`, `metadata`, `store`, ...) are ignored.  Served:
+`logprobs`/`top_logprobs` (read off the verify pass), `presence_penalty`,
+`frequency_penalty` and `logit_bias` (logits processing shared by target and draft:
+core/sampling.py), `tools`/`tool_choice` (the chat template's tools and the
+model's tool-call format: server/tools.py).
 """
 
 from __future__ import annotations
@@ -20,13 +24,11 @@ from ..core.sampling import SamplingParams
 from ..util.untrusted import printable
 
 MAX_STOP_STRINGS = 4
+MAX_TOP_LOGPROBS = 20
 # Fields an app may set that would change the reply, which this server does not implement.  Each is
 # refused when set to anything but its "off" value (null always counts as off).
 UNSUPPORTED = {  # field: the values that leave the reply unchanged
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "logprobs": (False, 0),
-    "top_logprobs": (0,), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},),
-    "best_of": (1,), "echo": (False,), "suffix": ("",), "modalities": (["text"],), "audio": (),
+    "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},), "best_of": (1,), "echo": (False,), "suffix": ("",), "modalities": (["text"],), "audio": (),
     "prediction": (), "web_search_options": (), "reasoning_effort": (), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "json_schema": (), "grammar": (),
 }
@@ -56,6 +58,10 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     num_draft: int | str | None = None  # None: the server's policy; 0: no drafting; "auto"
+    logprobs: int | None = None  # None: not asked; N: each token's logprob and its top N alternatives
+    tools: list | None = None  # chat: OpenAI's tools, for the chat template (tool_choice "none": None)
+    parallel_tool_calls: bool = True
+    tool_format: object = None  # set by encode(): the model's tool-call format (server/tools.py)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -142,8 +148,81 @@ def parse_messages(body: dict) -> list[dict]:
                                f"{printable(json.dumps(role)[:40])}", param=f"{where}.role", code="invalid_value")
         content = m.get("content")
         text = "" if content is None and role == "assistant" else _text(content, f"{where}.content")
-        out.append({"role": ROLES[role], "content": text})
+        msg = {"role": ROLES[role], "content": text}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+        out.append(msg)
     return out
+
+
+def _tool_calls(calls, where: str) -> list:
+    """An assistant message's earlier tool calls, for the chat template: arguments as objects
+    (templates write them with tojson), as mlx-lm's server passes them."""
+    if not isinstance(calls, list):
+        raise _wrong(where, "an array", calls)
+    out = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"'{where}[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                               "\"arguments\"}}", param=where, code="invalid_type")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                pass  # left as the model wrote it
+        out.append({"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def parse_tools(body: dict, kind: str) -> tuple[list | None, bool]:
+    """(tools for the chat template, or None; parallel_tool_calls)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = _bool(body, "parallel_tool_calls", True)
+    if choice not in (None, "none", "auto"):  # "required" or one named function: would need constrained decoding
+        raise RequestError(f"'tool_choice' {printable(json.dumps(choice)[:60])} is not supported by mlxspec serve: "
+                           "use \"auto\" or \"none\"", param="tool_choice", code="unsupported_parameter")
+    if tools in (None, []):
+        return None, parallel
+    if kind != "chat":
+        raise RequestError("'tools' works with /v1/chat/completions only", param="tools", code="unsupported_parameter")
+    if not isinstance(tools, list):
+        raise _wrong("tools", "an array", tools)
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not (isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(fn, dict)
+                and isinstance(fn.get("name"), str) and fn["name"]):
+            raise RequestError(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                               "\"description\", \"parameters\"}}}}", param=f"tools[{i}]", code="invalid_type")
+    if choice == "none":
+        return None, parallel  # the model is not told of the tools, so it answers in text
+    return tools, parallel
+
+
+def parse_logprobs(body: dict, kind: str) -> int | None:
+    """Chat: logprobs true (+ top_logprobs 0-20); completions: logprobs N (0-20)."""
+    if kind == "chat":
+        want, top = _bool(body, "logprobs"), body.get("top_logprobs")
+        if top is not None:
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise RequestError(f"'top_logprobs' must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got "
+                                   f"{printable(json.dumps(top)[:40])}", param="top_logprobs", code="invalid_value")
+            if top and not want:
+                raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs",
+                                   code="invalid_value")
+        return (top or 0) if want else None
+    n = body.get("logprobs")
+    if n is None or n is False:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"'logprobs' must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got "
+                           f"{printable(json.dumps(n)[:40])}", param="logprobs", code="invalid_value")
+    return n
 
 
 def parse_prompt(body: dict):
@@ -210,17 +289,28 @@ def parse_request(kind: str, body: dict) -> GenRequest:
             max_tokens = v
     sampling = {}
     for name, key in (("temperature", "temp"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
-                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed"), ("sampling", "sampling")):
+                      ("repetition_penalty", "repetition_penalty"), ("seed", "seed"), ("sampling", "sampling"),
+                      ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty")):
         v = _setting(body, name, key)
         if v is not None:
             sampling[key] = v
+    if body.get("logit_bias") is not None:
+        from ..core.options import BadValue, check_logit_bias
+
+        try:
+            sampling["logit_bias"] = check_logit_bias(body["logit_bias"])
+        except BadValue as e:
+            raise RequestError(f"'logit_bias' {e.rule}, got {printable(json.dumps(e.value, default=str)[:40])}",
+                               param="logit_bias", code="invalid_value")
+    logprobs = parse_logprobs(body, kind)
+    tools, parallel = parse_tools(body, kind)
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _wrong("stream_options", "an object", opts)
     include_usage = _bool(opts or {}, "include_usage") if opts else False
     return GenRequest(kind, model, messages, prompt, max_tokens, sampling, parse_stop(body), stream,
-                      include_usage, _setting(body, "num_draft_tokens", "num_draft"))
+                      include_usage, _setting(body, "num_draft_tokens", "num_draft"), logprobs, tools, parallel)
 
 
 def sampling_params(defaults: SamplingParams, req: GenRequest) -> SamplingParams:
@@ -236,10 +326,21 @@ def encode(pair, req: GenRequest) -> list[int]:
     """The request's prompt as token ids: the chat template over the messages
     (as `mlxspec generate` templates its prompt), raw text, or checked ids."""
     from ..api import encode_prompt
+    from .tools import tool_format
 
+    bias = req.sampling.get("logit_bias") or ()
+    if bias and pair.vocab_size is not None and bias[-1][0] >= pair.vocab_size:
+        raise RequestError(f"'logit_bias' names token id {bias[-1][0]}, past the vocabulary ({pair.vocab_size} ids)",
+                           param="logit_bias", code="invalid_value")
+    if req.tools:
+        req.tool_format = tool_format(pair.tokenizer)
+        if req.tool_format is None:
+            raise RequestError("'tools' is not supported by mlxspec serve for this model: its chat template and "
+                               "tokenizer have no tool-call format (mlx-lm finds none); leave it out", param="tools",
+                               code="unsupported_parameter")
     try:
         if req.kind == "chat":
-            return encode_prompt(pair.tokenizer, req.messages, vocab_size=pair.vocab_size)
+            return encode_prompt(pair.tokenizer, req.messages, vocab_size=pair.vocab_size, tools=req.tools)
         return encode_prompt(pair.tokenizer, req.prompt, chat_template=False, vocab_size=pair.vocab_size)
     except MlxspecError as e:
         raise RequestError(str(e), param="messages" if req.kind == "chat" else "prompt", code="invalid_prompt")

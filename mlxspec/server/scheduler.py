@@ -121,9 +121,9 @@ class Running:
         slot.running = self
         self.stream = GenerationStream(slot.decoder, pair.tokenizer, list(job.history), job.params,
                                        job.max_tokens, should_stop=job.cancelled.is_set,
-                                       eos_token_ids=pair.eos_token_ids)
+                                       eos_token_ids=pair.eos_token_ids, logprobs=job.logprobs)
         job.stats = self.stream.stats
-        self.matcher = StopMatcher(job.stop)
+        self.matcher = StopMatcher(job.stop, track=job.logprobs is not None)
         self.finish = None
 
     def step(self) -> bool:
@@ -134,8 +134,8 @@ class Running:
                 chunk = next(stream)
             except StopIteration:
                 return self._end()
-            for text, draft in self.matcher.feed(chunk.text, chunk.from_draft):
-                put(("text", text, draft))
+            for piece in self.matcher.feed(chunk.text, chunk.from_draft, chunk):
+                put(("text", *piece))  # (text, from_draft[, logprob entries])
             if self.matcher.stopped:
                 self.finish = "stop"
                 return self._end()
@@ -144,8 +144,8 @@ class Running:
 
     def _end(self) -> bool:
         job, stream = self.job, self.stream
-        for text, draft in self.matcher.flush():
-            job.events.put(("text", text, draft))
+        for piece in self.matcher.flush():
+            job.events.put(("text", *piece))
         stream.close()
         stats = stream.stats
         finish = self.finish or stats.finish_reason or "length"
