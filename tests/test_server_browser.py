@@ -117,8 +117,10 @@ class Browser:
 REPLY = """(() => {
   const r = document.querySelectorAll('.assistant')[%d];
   if (!r) return null;
-  return {text: r.firstChild.textContent, done: r.dataset.done || '', stats: r.querySelector('.stats').textContent,
-          drafts: r.querySelectorAll('.draft').length, plain: r.querySelectorAll('span:not(.draft)').length};
+  const body = r.querySelector('.body');
+  const drafted = [...r.querySelectorAll('.draft')].reduce((n, s) => n + s.textContent.length, 0);
+  return {text: body.raw, done: r.dataset.done || '', stats: r.querySelector('.stats').textContent,
+          drafts: r.querySelectorAll('.draft').length, plain: body.textContent.length - drafted};
 })()"""
 
 
@@ -183,3 +185,109 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
     socket = tmp_path / "profile" / "SingletonSocket"  # a link into chromium's temp folder, if left
     assert not socket.is_symlink() or browser.tmp in Path(os.readlink(socket)).parents
     assert not browser.tmp.exists()
+
+
+# -- the page itself, on the tiny pair (cheap): settings, Stop, markdown, a phone-sized screen -------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import tiny_models
+    from server_process import ServerProcess
+
+    root = tmp_path_factory.mktemp("serve-page")
+    target, draft = tiny_models.save_chatty_pair(root / "pair")
+    s = ServerProcess(root, "--model", str(target), "--draft", str(draft), "--num-draft-tokens", "3",
+                      "--parallel", "2")
+    browser = Browser(root / "profile")
+    try:
+        browser.call("Page.enable")
+        browser.call("Page.navigate", url=s.url + "/")
+        browser.wait("document.readyState === 'complete' && document.getElementById('model').textContent")
+        # every request body the page sends, as it sends it
+        browser.eval("window.sent = []; const f = window.fetch; window.fetch = (u, o) => { "
+                     "if (o && o.body) window.sent.push(JSON.parse(o.body)); return f(u, o); }; true")
+        yield s, browser
+    finally:
+        browser.close()
+        s.stop()
+
+
+def test_the_page_sends_only_the_settings_the_user_set(tiny):
+    server, browser = tiny
+    r, _ = send(browser, "w1 w2", 0)
+    sent = browser.eval("window.sent[0]")
+    assert "temperature" not in sent and "max_tokens" not in sent and "seed" not in sent, sent  # the server's
+    assert "num_draft_tokens" not in sent and r["text"]
+    browser.eval("document.getElementById('temperature').value = '0.7'; document.getElementById('seed').value = '3';"
+                 "document.getElementById('max_tokens').value = '5'; document.getElementById('drafting').click(); true")
+    send(browser, "w3", 1)
+    sent = browser.eval("window.sent[1]")
+    assert (sent["temperature"], sent["seed"], sent["max_tokens"], sent["num_draft_tokens"]) == (0.7, 3, 5, 0), sent
+    browser.eval("document.getElementById('reset').click(); for (const id of ['temperature', 'seed', 'max_tokens']) "
+                 "document.getElementById(id).value = ''; document.getElementById('drafting').click(); true")
+
+
+def test_stop_aborts_the_reply_and_the_server_cancels_it(tiny):
+    server, browser = tiny
+    browser.eval("document.getElementById('max_tokens').value = '3000'; "
+                 "document.getElementById('prompt').value = 'w9 w8'; document.getElementById('send').click(); true")
+    browser.wait("(document.querySelector('.assistant:last-child .body') || {}).raw")
+    assert server.health()["active"] == 1
+    assert browser.eval("!document.getElementById('stop').hidden && document.getElementById('send').hidden")
+    browser.eval("document.getElementById('stop').click(); true")
+    browser.wait("document.querySelector('.assistant:last-child').dataset.done")
+    t0 = time.monotonic()
+    while server.health()["active"]:
+        assert time.monotonic() - t0 < 2, "the server kept generating for a page that stopped"
+        time.sleep(0.01)
+    r = browser.eval("(() => { const r = document.querySelector('.assistant:last-child'); "
+                     "return {stats: r.querySelector('.stats').textContent, n: r.querySelector('.body').raw.length}; })()")
+    assert r["stats"] == "[stopped]" and r["n"] > 0, r
+    assert server.health()["last_generation"]["finish_reason"] == "cancelled"
+    assert browser.eval("document.getElementById('stop').hidden && !document.getElementById('send').hidden")
+    browser.eval("document.getElementById('max_tokens').value = ''; document.getElementById('reset').click(); true")
+
+
+MARKDOWN = ("# Title\nSome **bold**, *it*, `x < y` and [a link](https://example.com/a).\n\n"
+            "```python\ndef f():\n    return '<img src=x onerror=alert(1)>'\n```\n"
+            "- one\n- two <script>window.hacked = 1</script>\n\n1. first\n2. [bad](javascript:alert(1))\n"
+            "> quoted <b>not bold</b>\n")
+
+
+def test_markdown_is_rendered_safely(tiny):
+    _, browser = tiny
+    r = browser.eval("(() => { const d = MD.render(%s); document.getElementById('log').appendChild(d); return {"
+                     "h: d.querySelector('h3').textContent, strong: d.querySelector('strong').textContent,"
+                     "em: d.querySelector('em').textContent, code: d.querySelector('p code').textContent,"
+                     "lang: d.querySelector('.codeblock .lang').textContent,"
+                     "block: d.querySelector('pre code').textContent, links: [...d.querySelectorAll('a')].map(a => a.href),"
+                     "items: [...d.querySelectorAll('ul li, ol li')].map(li => li.textContent),"
+                     "quote: d.querySelector('blockquote').textContent,"
+                     "tags: [...d.querySelectorAll('img, script, b')].length, hacked: window.hacked || 0}; })()"
+                     % json.dumps(MARKDOWN))
+    assert (r["h"], r["strong"], r["em"], r["code"], r["lang"]) == ("Title", "bold", "it", "x < y", "python"), r
+    assert r["block"] == "def f():\n    return '<img src=x onerror=alert(1)>'", r  # the markup is text
+    assert r["links"] == ["https://example.com/a"], r  # the javascript: link stayed text
+    assert r["items"] == ["one", "two <script>window.hacked = 1</script>", "first", "[bad](javascript:alert(1))"], r
+    assert r["quote"] == "quoted <b>not bold</b>" and r["tags"] == 0 and r["hacked"] == 0, r
+    drafted = browser.eval("MD.render([['**bo', true], ['ld** and', false]]).querySelector('strong .draft')"
+                           ".textContent")
+    assert drafted == "bo"  # drafted characters stay green inside the markdown
+    browser.eval("document.getElementById('reset').click(); true")
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_the_page_fits_the_screen(tiny, width):
+    _, browser = tiny
+    browser.call("Emulation.setDeviceMetricsOverride", width=width, height=800, deviceScaleFactor=1,
+                 mobile=width < 600)
+    try:
+        browser.eval("document.getElementById('settings').open = true; true")
+        fit = browser.eval("(() => { const h = document.querySelector('header'), f = document.getElementById('form');"
+                           "return {page: document.documentElement.scrollWidth, header: h.scrollWidth, "
+                           "headerBox: h.getBoundingClientRect().right, form: f.getBoundingClientRect().right,"
+                           "inner: window.innerWidth}; })()")
+        assert fit["inner"] == width, fit
+        assert max(fit["page"], fit["header"], fit["headerBox"], fit["form"]) <= width, fit
+    finally:
+        browser.eval("document.getElementById('settings').open = false; true")
+        browser.call("Emulation.clearDeviceMetricsOverride")

@@ -127,7 +127,9 @@ def test_a_text_plain_post_is_refused(server):
 def test_the_chat_page_still_works(server):
     """The page at / posts JSON to /v1/chat/completions from its own origin, as a browser sends it."""
     status, page, _ = server.request("GET", "/", headers={"Host": f"localhost:{server.port}"})
-    assert status == 200 and '"Content-Type": "application/json"' in page
+    assert status == 200 and '<script src="/static/chat.js"' in page
+    status, script, _ = server.request("GET", "/static/chat.js", headers={"Host": f"localhost:{server.port}"})
+    assert status == 200 and '"Content-Type": "application/json"' in script
     headers = json_headers(Host=f"localhost:{server.port}", Origin=f"http://localhost:{server.port}")
     status, body, _ = server.post(CHAT, {"messages": HI, "max_tokens": 2, "stream": True}, headers=headers)
     assert status == 200 and "data: [DONE]" in body

@@ -14,7 +14,8 @@ from ..errors import MlxspecError
 from ..server.engine import Engine
 from ..server.scheduler import default_parallel
 from ..server.guard import Gate, Spare, is_loopback, parse_list, resolve_api_key
-from ..server.http import DEFAULT_MAX_BODY, REQUEST_TIMEOUT, Handler, Server, Server6, chat_page
+from ..server.http import DEFAULT_MAX_BODY, REQUEST_TIMEOUT, Handler, Server, Server6
+from ..server.page import chat_page
 from ..util.untrusted import printable
 from .options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
 

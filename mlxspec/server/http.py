@@ -36,11 +36,11 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
 from urllib.parse import unquote, urlsplit
 
 from ..errors import MlxspecError
 from .engine import Job, QueueFull
+from .page import PAGE_HEADERS, STATIC, static_file
 from .guard import FD_ERRORS, DeadlineReader, check_framing, check_json_type, encode_guarded, slow_request, unauthorized
 from .requests import RequestError, encode, fit_context, parse_json, parse_request, sampling_params
 from .responses import SSE_DONE, Shapes, openai_finish, sse
@@ -292,7 +292,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(503, self._loading_health(), headers={"Retry-After": "2"})
             self._json(200, {"model": s.model_id, **s.engine.stats()})
         elif path in ("/", "/index.html"):
-            self._send(200, s.page, "text/html; charset=utf-8")
+            self._send(200, s.page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
+        elif path in STATIC:
+            self._send(200, static_file(path), STATIC[path], headers=PAGE_HEADERS)
         elif path in ("/v1/models", "/models") or path.startswith(("/v1/models/", "/models/")):
             if not self._authorized():
                 return self._error(unauthorized())
@@ -408,7 +410,3 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 write(sse(RequestError(ev[1], status=500, code="generation_failed", kind="server_error").body()))
                 write(SSE_DONE)
-
-
-def chat_page() -> bytes:
-    return resources.files("mlxspec.server").joinpath("static", "chat.html").read_bytes()
