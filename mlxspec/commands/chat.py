@@ -22,6 +22,7 @@ import click
 from ..errors import MlxspecError
 from ..core.options import check
 from ..commands.options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
+from ..commands.distributed_option import join, pipeline_option
 from ..commands.profile_option import cost_profile_option
 
 GREEN = "\x1b[32m"
@@ -236,13 +237,14 @@ class Chat:
 @cost_profile_option()
 @max_kv_size_option
 @kv_bits_options
+@pipeline_option
 @click.option("--ignore-chat-template", is_flag=True,
               help="No chat template: each message is fed as raw text continuing the conversation so far "
                    "(the way to chat with a base model; a model without a template otherwise gets a plain "
                    "'User:/Assistant:' transcript).")
 def chat(model, draft, no_draft, system, max_tokens, show_draft, num_draft, num_draft_max, drafter,
          draft_p_min, draft_vocab, tree, max_kv_size, ignore_chat_template, cost_profile=None, kv_bits=None,
-         kv_group_size=64, **opts):
+         kv_group_size=64, pipeline=False, **opts):
     """Interactive chat in the terminal."""
     from ..device import describe
     from ..models.loading import load
@@ -252,7 +254,10 @@ def chat(model, draft, no_draft, system, max_tokens, show_draft, num_draft, num_
         raise click.BadParameter("needs the chat template (drop --ignore-chat-template)",
                                  param_hint="'--system-prompt'")
     uses_draft_model = drafter in (None, "model", "hybrid") or draft is not None
-    pair = load(model, draft, no_draft=no_draft or not uses_draft_model)
+    shard = join(pipeline, drafter)  # under mlx.launch: the target split over the ranks (distributed/)
+    pair = load(model, draft, no_draft=no_draft or not uses_draft_model, shard=shard)
+    if shard is not None and shard.rank:
+        return shard.follow(pair.target)  # ranks >= 1 follow rank 0's target passes (stdin is rank 0's)
     try:
         session = Session(pair, system=system, max_tokens=max_tokens, num_draft=num_draft, p_min=draft_p_min,
                           drafter="none" if no_draft else drafter, tree=tree, max_kv_size=max_kv_size,

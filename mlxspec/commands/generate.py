@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ..commands.distributed_option import join, pipeline_option
 from ..commands.profile_option import cost_profile_option
 from ..commands.options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options, typed
 
@@ -56,6 +57,7 @@ def mx_peak_gb() -> float:
 @max_kv_size_option
 @kv_bits_options
 @cost_profile_option()
+@pipeline_option
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as raw text.")
 @click.option("--system-prompt", "--system", "system", default=None, help="A system message (chat template only; --system: the old name).")
 @click.option("--show-prompt", is_flag=True, help="Print the prompt as the model sees it (template applied) to stderr.")
@@ -68,7 +70,7 @@ def mx_peak_gb() -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_max, drafter, draft_p_min,
              draft_vocab, tree, max_kv_size, ignore_chat_template, system, show_prompt, verbose, compare,
-             compare_repeats, as_json, cost_profile=None, kv_bits=None, kv_group_size=64, **opts):
+             compare_repeats, as_json, cost_profile=None, kv_bits=None, kv_group_size=64, pipeline=False, **opts):
     """Generate text from a prompt, speculatively."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -84,7 +86,10 @@ def generate(model, draft, no_draft, prompt, max_tokens, num_draft, num_draft_ma
     from ..core.stats import GenerationStats
 
     needs_draft = drafter in (None, "model", "hybrid") or draft is not None  # lookup/layerskip use no draft model
-    pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft)
+    shard = join(pipeline, drafter)  # under mlx.launch: the target split over the ranks (distributed/)
+    pair = load(model, draft, no_draft=(no_draft and not compare) or not needs_draft, shard=shard)
+    if shard is not None and shard.rank:
+        return shard.follow(pair.target)  # ranks >= 1 follow rank 0's target passes, and print nothing
     decoder_kw = dict(drafter="none" if no_draft else drafter, num_draft=num_draft, p_min=draft_p_min,
                       draft_vocab=draft_vocab, num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size,
                       cost_profile=cost_profile, kv_bits=kv_bits, kv_group_size=kv_group_size)

@@ -17,6 +17,7 @@ from ..server.guard import Gate, Spare, is_loopback, parse_list, resolve_api_key
 from ..server.http import DEFAULT_MAX_BODY, REQUEST_TIMEOUT, Handler, Server, Server6
 from ..server.page import chat_page
 from ..util.untrusted import printable
+from .distributed_option import join, pipeline_option
 from .options import draft_options, kv_bits_options, max_kv_size_option, max_tokens_option, model_options, sampling_kwargs, sampling_options
 
 
@@ -26,6 +27,7 @@ from .options import draft_options, kv_bits_options, max_kv_size_option, max_tok
 @draft_options
 @max_kv_size_option
 @kv_bits_options
+@pipeline_option
 @sampling_options
 @max_tokens_option(512, help="Reply length for requests that do not set max_tokens.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -57,7 +59,7 @@ from .options import draft_options, kv_bits_options, max_kv_size_option, max_tok
 def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
           draft_p_min, draft_vocab, tree, max_kv_size, max_tokens, host, port, api_key, api_key_file,
           allowed_hosts, allowed_origins, request_timeout, insecure, max_queue, parallel, max_request_bytes, verbose,
-          kv_bits=None, kv_group_size=64, **opts):
+          kv_bits=None, kv_group_size=64, pipeline=False, **opts):
     """An OpenAI-compatible local server with speculative decoding."""
     from ..api import make_decoder
     from ..models.loading import load, model_name
@@ -70,6 +72,9 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         raise MlxspecError(f"refusing to listen on {printable(host, 100)} without --api-key: anyone who can reach "
                            "this machine could use it; pass --api-key KEY (or --insecure to allow it anyway)")
     defaults = SamplingParams(**sampling_kwargs(opts))  # each value already checked by core/options.py
+    shard = join(pipeline, drafter)  # under mlx.launch: the target split over the ranks (distributed/)
+    if shard is not None and shard.rank:  # ranks >= 1 listen on no port: they follow rank 0's target passes
+        return shard.follow(load(pair_arg or model, draft, no_draft=True, shard=shard).target)
     try:
         cls = Server6 if ":" in host else Server
         httpd = cls((host.strip("[]"), port), Handler)
@@ -95,7 +100,7 @@ def serve(pair_arg, model, draft, no_draft, num_draft, num_draft_max, drafter,
         click.echo(f"mlxspec serve: loading; http://{shown}:{bound_port}/health answers 503 until the models are "
                    "ready", err=True)
         needs_draft = drafter in (None, "model", "hybrid") or draft is not None
-        pair = load(spec, draft, no_draft=no_draft or not needs_draft)
+        pair = load(spec, draft, no_draft=no_draft or not needs_draft, shard=shard)
         httpd.loading = {**httpd.loading, "phase": "calibrating"}
         def new_decoder(cost=None):
             return make_decoder(pair, "none" if no_draft else drafter, num_draft, draft_p_min,

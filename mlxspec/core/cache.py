@@ -49,6 +49,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ModelState:
+    def __new__(cls, model, *args, **kwargs):
+        """A model may name the ModelState subclass that holds it (`model.mlxspec_state`): a target
+        sharded over several processes sends each cache operation to its other ranks (distributed/)."""
+        own = getattr(model, "mlxspec_state", None)
+        return super().__new__(own if cls is ModelState and own is not None else cls)
+
     def __init__(self, model, max_kv_size: int | None = None, kv_quant: tuple[int, int] | None = None):
         self.model = model
         self.max_kv_size = max_kv_size  # None: full KV caches; N: attention bounded to N positions (core/kv_window.py)

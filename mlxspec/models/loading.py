@@ -68,6 +68,8 @@ class Pair:
         """One line naming both models (catalog name, source format, compute dtype) and
         how the draft was chosen: the header line of `generate` and `chat`."""
         t = model_label(self.target_path, self.target_config, model_dtype(self.target))
+        if getattr(self.target, "mlxspec_sharding", None):  # split over mlx.launch's ranks (distributed/)
+            t = f"{t[:-1]}; {self.target.mlxspec_sharding})" if t.endswith(")") else f"{t} ({self.target.mlxspec_sharding})"
         if self.draft is None:
             return f"{t}; {self.draft_note or 'no draft model'}"
         d = model_label(self.draft_path, self.draft_config, model_dtype(self.draft))
@@ -155,13 +157,15 @@ def default_draft(target) -> tuple[str | None, str]:
     return None, "no draft model"
 
 
-def load_model_dir(path: Path, name: str = "model", dtype: str | None = None):
+def load_model_dir(path: Path, name: str = "model", dtype: str | None = None, shard=None):
     """(model, tokenizer, config) from an MLX model folder, in `dtype` (float32,
     float16 or bfloat16; default `--dtype`, else float32 on CPU, the weights' own on GPU).
     The Linux CPU accelerator (cpu/) is float32 only: a model in another dtype runs on MLX's own ops.
 
     Nothing from the folder is executed: a config asking for custom model code
-    (`model_file`) is refused, and `auto_map` is ignored (util/untrusted.py)."""
+    (`model_file`) is refused, and `auto_map` is ignored (util/untrusted.py).
+    `shard`: a distributed.Sharding that splits the model, still lazy, with mlx-lm's own
+    `shard` or `pipeline`, so that only this rank's share is read (MLX's own ops run it)."""
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
@@ -184,11 +188,13 @@ def load_model_dir(path: Path, name: str = "model", dtype: str | None = None):
 
             with contextlib.redirect_stdout(io.StringIO()):  # its "[INFO] Quantized model ..." line: not our output
                 model, config = quantize_model(model, config, GROUP_SIZE, bits)
+        if shard is not None:
+            shard.apply(model, config)
         want = compute_dtype(dtype)
         if want is not None:  # cast while loading: a float16 folder never sits in memory twice
             model.set_dtype(want)
         mx.eval(model.parameters())
-        if want is None or want == mx.float32:  # the accelerator's kernels are float32 only
+        if (want is None or want == mx.float32) and shard is None:  # the accelerator's kernels: float32, whole
             cpu.prepare(model, name)  # the Linux CPU accelerator (cpu/): a no-op on Metal or when switched off
     except MlxspecError:
         raise  # config.json's own faults (models/model_files.py), named as such
@@ -225,7 +231,7 @@ def _embedding_rows(config: dict) -> int | None:
 
 
 def load(target: str | Path | None = None, draft: str | Path | None = None, *, no_draft: bool = False,
-         dtype: str | None = None) -> Pair:
+         dtype: str | None = None, shard=None) -> Pair:
     """Load a target and (optionally) a draft model.
 
     With no target, the default pair (Qwen2.5-Coder 1.5B drafted by 0.5B) is
@@ -235,6 +241,8 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
     anything is fetched or converted when that can be told (models/pair_check.py).
     `dtype` ("float32", "float16" or "bfloat16"): what both models compute in (default:
     float32 on the CPU backend, the weights' own dtype on a GPU).
+    `shard` (distributed.Sharding, under mlx.launch): the target is split over the ranks and each
+    rank's memory is checked against its share; ranks other than 0 load no draft.
     """
     from ..device import DTYPES
 
@@ -251,7 +259,7 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
         pair_dir = tpath
         manifest = read_pair_manifest(tpath)
         target, draft = manifest["target_dir"], draft or manifest["draft_dir"]
-    if no_draft:
+    if no_draft or (shard is not None and shard.rank):
         draft, note = None, "no draft model"
     elif draft is None:
         draft, note = default_draft(target)
@@ -260,9 +268,12 @@ def load(target: str | Path | None = None, draft: str | Path | None = None, *, n
 
     target_dir = resolve_model_dir(target)
     draft_dir = resolve_model_dir(draft) if draft is not None else None
-    _check_memory(target_dir, draft_dir)
+    if shard is None:
+        _check_memory(target_dir, draft_dir)
+    else:
+        shard.check_memory(target_dir, draft_dir)
     with progress.bar("loading the target", total=2 if draft_dir is not None else 1, unit="model") as bar:
-        model, tokenizer, config = load_model_dir(target_dir, "target", dtype)
+        model, tokenizer, config = load_model_dir(target_dir, "target", dtype, shard)
         pair = Pair(model, tokenizer, target_dir, config, pair_dir=pair_dir, draft_note=note)
         bar.update(1)
         if draft_dir is not None:

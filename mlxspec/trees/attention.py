@@ -40,6 +40,11 @@ class TreeBlock:
     """The uncommitted tree positions fed to one ModelState, possibly over several
     forwards (a draft expanding its tree level by level)."""
 
+    def __new__(cls, state: ModelState):
+        """A state may name the TreeBlock subclass its blocks are (`state.tree_block`: distributed/mirror.py)."""
+        own = getattr(state, "tree_block", None)
+        return super().__new__(own if cls is TreeBlock and own is not None else cls)
+
     def __init__(self, state: ModelState):
         """`state` right after its `sync`: its cache holds exactly its tokens."""
         if state.fed != len(state.tokens):
