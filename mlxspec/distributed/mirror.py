@@ -46,13 +46,20 @@ class Leader:
         self.dropped: list[int] = []  # ids whose states were dropped on rank 0 (sent with the next message)
         self.sent: dict[int, list[int]] = {}
         self.ended = False
+        self.waiting: list[int] = []  # operations without a collective, sent with the next one that has
 
-    def send(self, message: list[int]) -> None:
+    def send(self, op: list[int], collective: bool = True) -> None:
+        """Send `op` now, with every operation waiting (dropped states first); or, for an operation
+        that runs no collective (sync, commit, create, reset), keep it for the next message: a
+        round's sync or commit rides with its forward, one message a round."""
         while self.dropped:
             sid = self.dropped.pop()
             self.sent.pop(sid, None)
-            self.channel.send([DROP, sid])
-        self.channel.send(message)
+            self.waiting += [2, DROP, sid]
+        self.waiting += [len(op), *op]
+        if collective:
+            message, self.waiting = self.waiting, []
+            self.channel.send(message)
 
     def history(self, sid: int, history: list[int]) -> list[int]:
         """(kept, *rest): `history` as the length it shares with the last one sent for `sid`, and the rest."""
@@ -75,7 +82,7 @@ class Leader:
                 return
             self.ended = True
             try:
-                self.channel.send([END])
+                self.send([END])
             except Exception:
                 pass
 
@@ -90,12 +97,12 @@ class MirroredState(ModelState):
         super().__init__(model, max_kv_size, kv_quant)
         self.sid = self.leader.new_id()
         bits, group = kv_quant if kv_quant is not None else (None, None)
-        with self._mirrored([CREATE, self.sid, _opt(max_kv_size), _opt(bits), _opt(group)]):
+        with self._mirrored([CREATE, self.sid, _opt(max_kv_size), _opt(bits), _opt(group)], collective=False):
             pass
         weakref.finalize(self, self.leader.drop, self.sid)
 
     @contextmanager
-    def _mirrored(self, message: list[int]):
+    def _mirrored(self, message: list[int], collective: bool = True):
         leader = self.leader
         with leader.lock:
             if leader.ended:
@@ -104,7 +111,7 @@ class MirroredState(ModelState):
                 raise MlxspecError("the distributed run has ended: no more target passes")
             self._quiet = True
             try:
-                leader.send(message)
+                leader.send(message, collective)
                 yield
             except RuntimeError as e:  # a sharded forward's own collective
                 leader.channel.fail(e)
@@ -115,7 +122,7 @@ class MirroredState(ModelState):
     def sync(self, history):
         if self._quiet:
             return super().sync(history)
-        with self._mirrored([SYNC, self.sid, *self.leader.history(self.sid, history)]):
+        with self._mirrored([SYNC, self.sid, *self.leader.history(self.sid, history)], collective=False):
             return super().sync(history)
 
     def forward(self, tokens, width=None):
@@ -137,7 +144,7 @@ class MirroredState(ModelState):
     def reset(self):
         if self._quiet:
             return super().reset()
-        with self._mirrored([RESET, self.sid]):
+        with self._mirrored([RESET, self.sid], collective=False):
             super().reset()
 
 
@@ -158,7 +165,7 @@ class MirroredBlock(TreeBlock):
         return logits
 
     def commit(self, path):
-        with self.state._mirrored([COMMIT, self.state.sid, *path]):
+        with self.state._mirrored([COMMIT, self.state.sid, *path], collective=False):
             super().commit(path)
 
 
@@ -177,42 +184,50 @@ def follow(channel: Channel, model) -> dict:
     blocks: dict[int, TreeBlock] = {}
     histories: dict[int, list[int]] = {}
 
+    while True:
+        frame = channel.receive()
+        while frame:
+            m, frame = frame[1: 1 + frame[0]], frame[1 + frame[0]:]
+            if m[0] == END:
+                return channel.stats()
+            _apply(m, states, blocks, histories, channel, model)
+
+
+def _apply(m, states, blocks, histories, channel, model) -> None:
+    """Do one of rank 0's operations on this rank's states."""
+
     def history(sid, keep, rest):
         h = histories.get(sid, [])[:keep] + rest
         histories[sid] = h
         return h
 
-    while True:
-        m = channel.receive()
-        op = m[0]
-        if op == END:
-            return channel.stats()
-        sid = m[1]
-        if op == CREATE:
-            max_kv, bits, group = (None if v == NONE else v for v in m[2:5])
-            states[sid] = ModelState(model, max_kv, None if bits is None else (bits, group))
-            continue
-        if op == DROP:
-            for d in (states, blocks, histories):
-                d.pop(sid, None)
-            continue
-        state = states[sid]
-        if op == SYNC:
-            state.sync(history(sid, m[2], m[3:]))
-        elif op == FORWARD:
-            state.merge_limit = m[2]
-            mx.eval(state.forward(m[4:], None if m[3] == NONE else m[3]))
-        elif op == PREFILL:
-            stop = (lambda: channel.flag()) if m[2] else None
-            state.prefill(history(sid, m[3], m[4:]), stop)
-        elif op == RESET:
-            state.reset()
-        elif op == TREE:
-            n = m[4]
-            if m[2] or sid not in blocks:
-                blocks[sid] = TreeBlock(state)
-            mx.eval(blocks[sid].forward(m[5: 5 + n], m[5 + n: 5 + 2 * n], None if m[3] == NONE else m[3]))
-        elif op == COMMIT:
-            blocks[sid].commit(m[2:])
-        else:
-            raise ValueError(f"unknown message {op} from rank 0")
+    op = m[0]
+    sid = m[1]
+    if op == CREATE:
+        max_kv, bits, group = (None if v == NONE else v for v in m[2:5])
+        states[sid] = ModelState(model, max_kv, None if bits is None else (bits, group))
+        return
+    if op == DROP:
+        for d in (states, blocks, histories):
+            d.pop(sid, None)
+        return
+    state = states[sid]
+    if op == SYNC:
+        state.sync(history(sid, m[2], m[3:]))
+    elif op == FORWARD:
+        state.merge_limit = m[2]
+        mx.eval(state.forward(m[4:], None if m[3] == NONE else m[3]))
+    elif op == PREFILL:
+        stop = (lambda: channel.flag()) if m[2] else None
+        state.prefill(history(sid, m[3], m[4:]), stop)
+    elif op == RESET:
+        state.reset()
+    elif op == TREE:
+        n = m[4]
+        if m[2] or sid not in blocks:
+            blocks[sid] = TreeBlock(state)
+        mx.eval(blocks[sid].forward(m[5: 5 + n], m[5 + n: 5 + 2 * n], None if m[3] == NONE else m[3]))
+    elif op == COMMIT:
+        blocks[sid].commit(m[2:])
+    else:
+        raise ValueError(f"unknown message {op} from rank 0")
