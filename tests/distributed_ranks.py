@@ -10,15 +10,18 @@ import sys
 import time
 
 import mlxspec
+from mlx.utils import tree_flatten
 from mlxspec.api import make_decoder
 from mlxspec.costs.cost_model import assumed
 from mlxspec.distributed import from_launch
+from mlxspec.models.memory import local_tensors, model_bytes
 
 target, draft = sys.argv[1], sys.argv[2]
 how = sys.argv[3] if len(sys.argv) > 3 else None  # exit (status 0: mlx.launch stops no one) or kill (-9)
 DIE = 1000  # rank 0's sign, after the checks, that rank 1 is to vanish now
 shard = from_launch()
 pair = mlxspec.load(target, draft, shard=shard)
+held = sum(v.nbytes for _, v in tree_flatten(pair.target.parameters()))  # this rank's share of the target
 if shard.rank:
     receive = shard.channel.receive
 
@@ -49,7 +52,8 @@ def tokens(p, kw, sampling):
     return out, dec
 
 
-report = {"rank": shard.rank, "size": shard.size, "mode": shard.mode}
+report = {"rank": shard.rank, "size": shard.size, "mode": shard.mode, "target_bytes_held": held,
+          "target_bytes_whole": model_bytes(local_tensors(target), float_bytes=4)}
 for name, (kw, sampling) in cases.items():
     plain = tokens(whole, dict(num_draft=0), sampling)[0].tokens
     out, dec = tokens(pair, kw, sampling)

@@ -52,6 +52,7 @@ def test_two_ranks_equal_the_single_process_run_and_a_vanished_rank_ends_it(tiny
     assert len(reports) == 1, res.stdout + res.stderr  # rank 0 alone prints
     r = reports[0]
     assert (r["rank"], r["size"], r["mode"]) == (0, 2, "tensor parallel over 2 ranks")
+    assert 0 < r["target_bytes_held"] < 0.8 * r["target_bytes_whole"], r  # rank 0 holds its share of the target
     for case in ("greedy_chain", "greedy_tree", "seeded_chain", "seeded_tree"):
         c = r[case]
         assert c["mirrored"] == "MirroredState", case  # the target's passes ran on both ranks
