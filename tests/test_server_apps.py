@@ -165,8 +165,6 @@ UNSUPPORTED = [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),  # SmolLM2 has no tool format
     ("tool_choice", "required"),  # would need constrained decoding
     ("functions", [{"name": "f", "parameters": {}}]),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("best_of", 2),
     ("n", 2),
 ]
@@ -242,6 +240,28 @@ def test_penalties_and_bias_change_the_text_not_its_exactness(server):
     forced = c.chat.completions.create(model=MODEL, max_tokens=6, messages=HI, logit_bias={"1000": 100},
                                        logprobs=True).choices[0].logprobs.content
     assert len({t.token for t in forced}) == 1 and all(t.logprob > -1e-3 for t in forced)  # +100: always that token
+
+
+def test_json_schema_replies_are_valid_and_the_plain_runs(server):
+    """response_format json_schema: the reply parses and follows the schema, and speculative =
+    plain (the constraint masks target and draft alike); a schema keyword outside the subset is a
+    400 naming it (json_object: tests/test_constrained_json.py)."""
+    c = _client(server)
+    schema = {"type": "object", "required": ["name", "age", "city"], "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
+    ask = dict(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Invent a person: name, age, city."}],
+               response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    r = c.chat.completions.create(**ask)
+    plain = c.chat.completions.create(**ask, extra_body={"num_draft_tokens": 0})
+    text = r.choices[0].message.content
+    assert text == plain.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    person = json.loads(text)
+    assert set(person) == {"name", "age", "city"} and type(person["age"]) is int and isinstance(person["name"], str)
+    assert r.model_extra["speculative"]["accepted"] > 0
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}
+    status, body, _ = server.post(CHAT, {"messages": HI, "max_tokens": 4, "response_format": bad})
+    err = error_of(status, body, 400)
+    assert err["param"] == "response_format.json_schema.schema" and "'pattern'" in err["message"]
 
 
 # -- B: honest start-up ----------------------------------------------------------------------------------

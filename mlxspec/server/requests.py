@@ -11,7 +11,8 @@ nothing in the reply (`user`, `metadata`, `store`, ...) are ignored.  Served:
 `logprobs`/`top_logprobs` (read off the verify pass), `presence_penalty`,
 `frequency_penalty` and `logit_bias` (logits processing shared by target and draft:
 core/sampling.py), `tools`/`tool_choice` (the chat template's tools and the
-model's tool-call format: server/tools.py).
+model's tool-call format: server/tools.py), `response_format` json_object and
+json_schema (a constraint on target and draft alike: server/formats.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from dataclasses import dataclass, field
 from ..errors import MlxspecError
 from ..core.sampling import SamplingParams
 from ..util.untrusted import printable
+from .formats import parse_response_format
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
 # Fields an app may set that would change the reply, which this server does not implement.  Each is
 # refused when set to anything but its "off" value (null always counts as off).
 UNSUPPORTED = {  # field: the values that leave the reply unchanged
-    "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},), "best_of": (1,), "echo": (False,), "suffix": ("",), "modalities": (["text"],), "audio": (),
+    "functions": ([],), "function_call": ("none",), "best_of": (1,), "echo": (False,), "suffix": ("",), "modalities": (["text"],), "audio": (),
     "prediction": (), "web_search_options": (), "reasoning_effort": (), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "json_schema": (), "grammar": (),
 }
@@ -304,6 +306,9 @@ def parse_request(kind: str, body: dict) -> GenRequest:
                                param="logit_bias", code="invalid_value")
     logprobs = parse_logprobs(body, kind)
     tools, parallel = parse_tools(body, kind)
+    constraint = parse_response_format(body, lambda m, p, c: RequestError(m, param=p, code=c))
+    if constraint is not None:
+        sampling["constraint"] = constraint  # bound to the tokenizer by encode()
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -328,6 +333,8 @@ def encode(pair, req: GenRequest) -> list[int]:
     from ..api import encode_prompt
     from .tools import tool_format
 
+    if req.sampling.get("constraint") is not None:  # the JSON constraint learns the vocabulary (once per tokenizer)
+        req.sampling["constraint"].bind(pair.tokenizer, pair.eos_token_ids)
     bias = req.sampling.get("logit_bias") or ()
     if bias and pair.vocab_size is not None and bias[-1][0] >= pair.vocab_size:
         raise RequestError(f"'logit_bias' names token id {bias[-1][0]}, past the vocabulary ({pair.vocab_size} ids)",
