@@ -172,6 +172,9 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+_NOTED: set = set()  # keys whose calibration measured under load this process has said it uses
+
+
 def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostModel:
     """The cached cost model for (pair, drafter), measured now when there is none
     (or `refresh`).  Without a draft model (prompt lookup) only the verify passes
@@ -186,7 +189,8 @@ def for_decoder(pair, drafter, *, refresh: bool = False, say=_stderr) -> CostMod
         if not too_busy(cm.busy):
             return as_used(cm)
         if not idle_now():  # measured under load and still busy: use it rather than pay a minute every start
-            if say is not None:
+            if say is not None and key not in _NOTED:  # once per process (bench builds a decoder per run)
+                _NOTED.add(key)
                 say(f"note: using a calibration measured while {describe(cm.busy)}; it is measured again once "
                     "the machine is idle (or run `mlxspec calibrate` then)")
             return as_used(cm)
