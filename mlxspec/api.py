@@ -294,12 +294,14 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
                     p_min: float = 0.0, chat_template: bool | None = None, decoder=None,
                     draft_vocab=None, num_draft_max=None, tree: bool | None = None,
                     max_kv_size: int | None = None, cost_profile=None, kv_bits: int | None = None,
-                    kv_group_size: int = 64, **sampling) -> GenerationStream:
+                    kv_group_size: int = 64, logprobs: int | None = None, **sampling) -> GenerationStream:
     """Stream a generation.  `sampling`: temp, top_p, top_k, min_p,
     repetition_penalty, repetition_context_size, presence_penalty, frequency_penalty (OpenAI's,
     -2..2, over the generated tokens), logit_bias ({token id: bias}), seed, sampling ("coupled": the plain run's
     text for a seed, token for token, whatever the draft -- the default with a seed;
-    "rejection": speculative rejection sampling, the default without one).  `tree`, `max_kv_size`,
+    "rejection": speculative rejection sampling, the default without one).  `logprobs` (0-20): each
+    Chunk's `.logprobs` is (log p(token), [(id, log p), ...] the top `logprobs`) under the target's
+    processed distribution, read off the verify pass.  `tree`, `max_kv_size`,
     `kv_bits`, `kv_group_size`: see
     make_decoder (a `decoder` given keeps its own)."""
     check_all(max_tokens=max_tokens, num_draft=num_draft, num_draft_max=num_draft_max, p_min=p_min,
@@ -310,7 +312,7 @@ def stream_generate(pair, prompt, *, max_tokens: int = 256, drafter=None, num_dr
     decoder = decoder or make_decoder(pair, drafter, num_draft, p_min, draft_vocab=draft_vocab,
                                       num_draft_max=num_draft_max, tree=tree, max_kv_size=max_kv_size,
                                       cost_profile=cost_profile, kv_bits=kv_bits, kv_group_size=kv_group_size)
-    return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens)
+    return GenerationStream(decoder, pair.tokenizer, history, params, max_tokens, logprobs=logprobs)
 
 
 def generate(pair, prompt, **kwargs) -> Result:
