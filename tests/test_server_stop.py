@@ -50,3 +50,22 @@ def test_matches_the_earliest_stop(pieces, stops):
     out, rest, stopped = run(pieces, stops)
     assert "".join(t for t, _ in out + rest) == (text[: min(hits)] if hits else text)
     assert stopped == bool(hits)
+
+
+def test_logprob_entries_ride_with_the_text_they_belong_to():
+    """With logprobs asked for, each token's entry comes out once, with the first piece released after it;
+    a token with no text yet waits for the next; a stop string's tokens are dropped with it."""
+    from types import SimpleNamespace as Chunk
+
+    def feed(m, text, token):
+        return m.feed(text, False, Chunk(token=token, logprobs=(-0.5, [(token, -0.5)])))
+
+    for stops in ([], ["STOP"]):
+        m = StopMatcher(stops, track=True)
+        out = feed(m, "", 1) + feed(m, "é", 2) + feed(m, " a", 3) + feed(m, " ST", 4) + feed(m, "OP!", 5) + m.flush()
+        sent = [(t, [e[0] for e in es]) for t, _, es in out]
+        if stops:
+            assert "".join(t for t, _ in sent) == "é a " and [e for _, es in sent for e in es] == [1, 2, 3, 4]
+        else:
+            assert sent == [("é", [1, 2]), (" a", [3]), (" ST", [4]), ("OP!", [5])]
+    assert StopMatcher(["x"]).feed("ab", True, Chunk(token=1, logprobs=(0.0, []))) == [("ab", True)]  # not tracking
