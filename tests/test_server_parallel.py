@@ -200,3 +200,44 @@ def test_default_parallel_is_sized_by_memory():
     assert default_parallel(pair, usable=2 * per + 1)[0] == 2
     assert default_parallel(pair, usable=100 * per)[0] == MAX_DEFAULT_PARALLEL
     assert default_parallel(pair, max_kv_size=1024, usable=2 * per + 1)[0] == MAX_DEFAULT_PARALLEL  # a bounded cache
+
+
+def test_each_turn_is_one_round_of_every_stream(tiny_pair):
+    """In process: a sweep of the engine gives every running stream exactly one draft/verify round (not a
+    token, not a whole reply), and each reply is still the target's own."""
+    from mlxspec import api
+    from mlxspec.core.sampling import SamplingParams
+    from mlxspec.server.engine import Engine, Job
+
+    def make():
+        return api.make_decoder(tiny_pair, num_draft=3)
+
+    engine = Engine(tiny_pair, make(), 3, max_queue=4, parallel=2, make_decoder=make)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]  # three jobs, two slots: the third waits its turn
+    jobs = [Job(list(p), SamplingParams(), 24, [], None) for p in prompts]
+    for j in jobs:
+        engine.submit(j)
+    sweeps = []
+    while engine.active or engine.waiting:
+        before = [j.stats.target_passes if j.stats is not None else None for j in jobs]
+        running = [r.job for r in engine.active]
+        engine.sweep()
+        sweeps.append([(b, j.stats.target_passes if j.stats is not None else None, j in running)
+                       for j, b in zip(jobs, before)])
+    assert any(s[0][1] and s[1][1] and s[0][2] and s[1][2] for s in sweeps)  # the two ran side by side
+    for s in sweeps:
+        for before, after, was_running in s:
+            if was_running:
+                assert after - before <= 1, sweeps  # at most one round a turn
+    for j, p in zip(jobs, prompts):
+        events = []
+        while not j.events.empty():
+            events.append(j.events.get())
+        assert events[-1][0] == "done", events
+        stats = events[-1][1]
+        # a stream that was running did a round in every sweep until it finished
+        turns = [s[jobs.index(j)] for s in sweeps if s[jobs.index(j)][2]]
+        assert all(after - before == 1 for before, after, _ in turns[:-1]), turns
+        want = api.generate(tiny_pair, list(p), max_tokens=24, drafter="none").tokens
+        assert stats.generated_tokens == len(want)
+        assert "".join(e[1] for e in events if e[0] == "text") == tiny_pair.tokenizer.decode(want)

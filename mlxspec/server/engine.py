@@ -140,14 +140,19 @@ class Engine:
     def run_forever(self):
         """Admit queued jobs to free slots, then give each running stream one round, in turn."""
         while True:
-            with self.cond:
-                if not self.active:  # a timeout, so Ctrl-C reaches this thread
+            if not self.active:
+                with self.cond:  # a timeout, so Ctrl-C reaches this thread
                     self.cond.wait_for(lambda: self.waiting, timeout=0.5)
-                admitted = self._admit()
-            for job, slot in admitted:
-                self._start(job, slot)
-            for r in list(self.active):
-                self._step(r)
+            self.sweep()
+
+    def sweep(self):
+        """One turn: queued jobs that find a free slot start, then every running stream does one round."""
+        with self.cond:
+            admitted = self._admit()
+        for job, slot in admitted:
+            self._start(job, slot)
+        for r in list(self.active):
+            self._step(r)
 
     def _admit(self) -> list:
         """(job, slot) for each queued job that gets a free slot now (the queue's lock held)."""
