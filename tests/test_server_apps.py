@@ -163,7 +163,6 @@ def test_a_queued_stream_hears_keep_alive_comments(server, busy):
 # -- D: fields the server does not implement --------------------------------------------------------------
 UNSUPPORTED = [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),  # SmolLM2 has no tool format
-    ("tool_choice", "required"),  # would need constrained decoding
     ("functions", [{"name": "f", "parameters": {}}]),
     ("best_of", 2),
     ("n", 2),

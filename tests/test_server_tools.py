@@ -3,8 +3,10 @@ whose chat template takes tools the way Qwen2.5's does: the request's tools reac
 template, earlier tool calls and tool results render through it, a reply's
 <tool_call>{json}</tool_call> becomes OpenAI's `tool_calls` with finish_reason
 "tool_calls" (whole and streamed, whatever the piece boundaries), text around a call
-stays content, `parallel_tool_calls: false` keeps the first call, and a model without a
-tool-call format is a 400 naming `tools`."""
+stays content, `parallel_tool_calls: false` keeps the first call, a model without a
+tool-call format is a 400 naming `tools`, and `tool_choice` "required" or a named
+function makes even a random model's reply one well-formed call to it, the same
+speculative as plain."""
 
 import json
 
@@ -72,10 +74,18 @@ def test_a_model_without_a_tool_format_is_a_400(tiny_pair):
     with pytest.raises(RequestError) as e:
         encode(tiny_pair, chat(tools=[WEATHER]))
     assert e.value.param == "tools" and "'tools' is not supported" in e.value.message
-    for bad in ({"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "f"}}}):
+    with pytest.raises(RequestError) as e:  # a forced call on a model without the format: the same 400
+        encode(tiny_pair, chat(tools=[WEATHER], tool_choice="required"))
+    assert e.value.param == "tools"
+    for bad in ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, {"tool_choice": "sometimes"},
+                {"tool_choice": "required", "response_format": {"type": "json_object"}}):
         with pytest.raises(RequestError) as e:
             chat(tools=[WEATHER], **bad)
-        assert e.value.param == "tool_choice"
+        assert e.value.param in ("tool_choice", "response_format")
+    with pytest.raises(RequestError) as e:  # arguments outside the schema subset: named
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 1}}}],
+             tool_choice="required")
+    assert e.value.param == "tool_choice" and "'minimum'" in e.value.message
     with pytest.raises(RequestError) as e:
         chat(tools=[{"type": "function"}])
     assert e.value.param == "tools[0]"
@@ -129,3 +139,34 @@ def test_streamed_tool_calls_whatever_the_pieces(tool_pair, size):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     held = ToolStream(req.tool_format, req.tools)
     assert held.feed("a <tool") == "a " and held.feed("box>") == "<toolbox>"  # a false start is released
+
+
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": {
+    "type": "object", "required": ["unit", "days"],
+    "properties": {"unit": {"enum": ["C", "F"]}, "days": {"type": "integer"}}}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "forecast"}}],
+                         ids=["required", "named"])
+def test_a_forced_call_is_one_valid_call(tool_pair, choice):
+    from mlxspec.api import GenerationStream, make_decoder
+    from mlxspec.server.requests import sampling_params
+    from mlxspec.server.tools import split_tool_calls
+    from mlxspec.core.sampling import SamplingParams
+
+    texts = []
+    for k in (0, 3):
+        req = chat(tools=[FORECAST, WEATHER] if choice != "required" else [FORECAST], tool_choice=choice)
+        params = sampling_params(SamplingParams(), req)
+        history = encode(tool_pair, req)
+        stream = GenerationStream(make_decoder(tool_pair, num_draft=k), tool_pair.tokenizer, history, params, 200,
+                                  eos_token_ids=tool_pair.eos_token_ids)
+        for _ in stream:
+            pass
+        assert stream.stats.finish_reason == "stop" and (k == 0 or stream.stats.draft_accepted > 0)
+        texts.append(stream.text)
+    assert texts[0] == texts[1]  # speculative = plain under the forced call
+    content, calls = split_tool_calls(texts[0], req.tool_format, req.tools)
+    assert content.strip() == "" and len(calls) == 1 and calls[0]["function"]["name"] == "forecast", texts[0]
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert args["unit"] in ("C", "F") and type(args["days"]) is int

@@ -16,7 +16,8 @@ JSON schema in this subset (anything else is a `SchemaError` naming the keyword)
 
 States are hashable tuples, so the token masks built from them can be cached:
 `step(state, byte)` is the next state or None (the byte breaks the JSON);
-`can_end(state)` says whether the reply may end here.  Whitespace between tokens is
+`can_end(state)` says whether the reply may end here.  Literal `prefix` and `suffix`
+bytes may wrap the value (a forced tool call: `<tool_call>\n{...}\n</tool_call>`).  Whitespace between tokens is
 allowed up to MAX_WS bytes in a row, numbers up to MAX_NUMBER characters, free JSON
 nests up to MAX_DEPTH deep, so a reply cannot run on inside them forever.
 """
@@ -56,7 +57,9 @@ class Node:
 
 
 class Machine:
-    def __init__(self, schema: dict | None = None):
+    def __init__(self, schema: dict | None = None, prefix: bytes = b"", suffix: bytes = b""):
+        """`prefix`, `suffix`: literal bytes around the value (a tool call's markers)."""
+        self.prefix, self.suffix = prefix, suffix
         self.nodes: list[Node] = []
         any_node = self._add(Node(TYPES))  # index 0: any JSON value (free objects and arrays hold ANY)
         self.nodes[any_node].free_keys = True
@@ -113,12 +116,22 @@ class Machine:
 
     # -- states: (mode, a, b, stack, ws); stack frames ("o", node, seen keys) / ("a", node, count) --
     def start(self):
-        return ("val", self.root, None, (), 0)
+        return ("pre", 0, None, (), 0) if self.prefix else ("val", self.root, None, (), 0)
+
+    def _pre(self, st, c):
+        if self.prefix[st[1]] != c:
+            return None
+        return ("pre", st[1] + 1, None, (), 0) if st[1] + 1 < len(self.prefix) else ("val", self.root, None, (), 0)
+
+    def _post(self, st, c):
+        if self.suffix[st[1]] != c:
+            return None
+        return ("post", st[1] + 1, None, (), 0) if st[1] + 1 < len(self.suffix) else ("end", None, None, (), 0)
 
     def can_end(self, st) -> bool:
         if st[0] == "end":
             return True
-        return not st[3] and self._complete(st)
+        return not st[3] and not self.suffix and self._complete(st)
 
     def _complete(self, st) -> bool:
         """A number or literal that may stop here (the next byte then belongs to the parent)."""
@@ -144,7 +157,7 @@ class Machine:
     def _done(self, stack):
         """A value just ended: the state of its parent."""
         if not stack:
-            return ("end", None, None, (), 0)
+            return ("post", 0, None, (), 0) if self.suffix else ("end", None, None, (), 0)
         top = stack[-1]
         if top[0] == "o":
             return ("onext", None, None, stack, 0)

@@ -64,8 +64,8 @@ class JsonConstraint:
     """A reply that must be JSON (schema None: any object) -- see the module docstring.
     `bind` it to the tokenizer before generating."""
 
-    def __init__(self, schema: dict | None = None):
-        self.machine = Machine(schema)  # a SchemaError for a schema outside the subset
+    def __init__(self, schema: dict | None = None, prefix: bytes = b"", suffix: bytes = b""):
+        self.machine = Machine(schema, prefix, suffix)  # a SchemaError for a schema outside the subset
         self.vocab = None
         self.eos = ()
         self.states: dict = {(): self.machine.start()}  # generated tokens -> state (None: broken)

@@ -182,15 +182,15 @@ def _tool_calls(calls, where: str) -> list:
     return out
 
 
-def parse_tools(body: dict, kind: str) -> tuple[list | None, bool]:
-    """(tools for the chat template, or None; parallel_tool_calls)."""
+def parse_tools(body: dict, kind: str) -> tuple[list | None, bool, object]:
+    """(tools for the chat template, or None; parallel_tool_calls; the constraint of a forced call or None)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = _bool(body, "parallel_tool_calls", True)
-    if choice not in (None, "none", "auto"):  # "required" or one named function: would need constrained decoding
-        raise RequestError(f"'tool_choice' {printable(json.dumps(choice)[:60])} is not supported by mlxspec serve: "
-                           "use \"auto\" or \"none\"", param="tool_choice", code="unsupported_parameter")
     if tools in (None, []):
-        return None, parallel
+        if choice not in (None, "none", "auto"):
+            raise RequestError("'tool_choice' names a tool but there are no 'tools'", param="tool_choice",
+                               code="invalid_value")
+        return None, parallel, None
     if kind != "chat":
         raise RequestError("'tools' works with /v1/chat/completions only", param="tools", code="unsupported_parameter")
     if not isinstance(tools, list):
@@ -202,8 +202,15 @@ def parse_tools(body: dict, kind: str) -> tuple[list | None, bool]:
             raise RequestError(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\", "
                                "\"description\", \"parameters\"}}}}", param=f"tools[{i}]", code="invalid_type")
     if choice == "none":
-        return None, parallel  # the model is not told of the tools, so it answers in text
-    return tools, parallel
+        return None, parallel, None  # the model is not told of the tools, so it answers in text
+    if choice in (None, "auto"):
+        return tools, parallel, None
+    from .tools import forced_call
+
+    try:
+        return tools, parallel, forced_call(tools, choice)  # "required" or a named function
+    except ValueError as e:
+        raise RequestError(e.args[0], param=e.args[1], code="invalid_value")
 
 
 def parse_logprobs(body: dict, kind: str) -> int | None:
@@ -305,8 +312,11 @@ def parse_request(kind: str, body: dict) -> GenRequest:
             raise RequestError(f"'logit_bias' {e.rule}, got {printable(json.dumps(e.value, default=str)[:40])}",
                                param="logit_bias", code="invalid_value")
     logprobs = parse_logprobs(body, kind)
-    tools, parallel = parse_tools(body, kind)
-    constraint = parse_response_format(body, lambda m, p, c: RequestError(m, param=p, code=c))
+    tools, parallel, constraint = parse_tools(body, kind)
+    if constraint is not None and body.get("response_format") not in (None, {"type": "text"}):
+        raise RequestError("'response_format' and a forced 'tool_choice' do not go together (the reply is a tool call)",
+                           param="response_format", code="invalid_value")
+    constraint = constraint or parse_response_format(body, lambda m, p, c: RequestError(m, param=p, code=c))
     if constraint is not None:
         sampling["constraint"] = constraint  # bound to the tokenizer by encode()
     stream = _bool(body, "stream")
@@ -331,7 +341,7 @@ def encode(pair, req: GenRequest) -> list[int]:
     """The request's prompt as token ids: the chat template over the messages
     (as `mlxspec generate` templates its prompt), raw text, or checked ids."""
     from ..api import encode_prompt
-    from .tools import tool_format
+    from .tools import can_force, tool_format
 
     if req.sampling.get("constraint") is not None:  # the JSON constraint learns the vocabulary (once per tokenizer)
         req.sampling["constraint"].bind(pair.tokenizer, pair.eos_token_ids)
@@ -345,6 +355,10 @@ def encode(pair, req: GenRequest) -> list[int]:
             raise RequestError("'tools' is not supported by mlxspec serve for this model: its chat template and "
                                "tokenizer have no tool-call format (mlx-lm finds none); leave it out", param="tools",
                                code="unsupported_parameter")
+        if getattr(req.sampling.get("constraint"), "forced_tool_call", False) and not can_force(req.tool_format):
+            raise RequestError("'tool_choice' \"required\" or a named function is supported by mlxspec serve for models "
+                               "whose tool calls are <tool_call>{json}</tool_call> only (Qwen's); use \"auto\"",
+                               param="tool_choice", code="unsupported_parameter")
     try:
         if req.kind == "chat":
             return encode_prompt(pair.tokenizer, req.messages, vocab_size=pair.vocab_size, tools=req.tools)

@@ -7,6 +7,11 @@ both from the template: Qwen's `<tool_call>{json}</tool_call>`, Mistral's,
 pythonic, ...).  Text outside the markers stays the message's content; each call
 becomes `{"id", "type": "function", "function": {"name", "arguments": "<json>"}}`.
 A model whose tokenizer has no tool-call format is refused (a 400 naming `tools`).
+`tool_choice` "required" or {"type": "function", "function": {"name": ...}} forces a
+call where the format is Qwen's (`<tool_call>{"name", "arguments"}</tool_call>`,
+mlx-lm's json_tools): a JSON constraint (mlxspec/constrained/) on target and draft
+alike, the name one of the tools' (or the one named), the arguments following that
+tool's parameters schema (with several tools, any object).
 `ToolStream` does the same on a stream: content is sent as it comes, except a tail
 that could still open a tool call, and everything from a tool call's start on is
 held until the end, then sent as `delta.tool_calls`.
@@ -110,3 +115,38 @@ class ToolStream:
             return out, []
         content, calls = split_tool_calls(self.calling, self.fmt, self.tools)
         return self.held + content, calls
+
+
+JSON_TOOLS = ("<tool_call>", "</tool_call>")  # the format a call can be forced in: "<tool_call>\n{json}\n</tool_call>"
+
+
+def forced_call(tools: list, choice):
+    """A JsonConstraint that makes the reply one tool call (see the module docstring), or a
+    ValueError saying why not (its args: message, param)."""
+    from ..constrained.json_machine import SchemaError
+    from ..constrained.mask import JsonConstraint
+
+    fns = [t["function"] for t in tools]
+    if choice == "required":
+        chosen = fns
+    else:
+        fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        chosen = [f for f in fns if f["name"] == name]
+        if not chosen:
+            raise ValueError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                             "\"function\": {\"name\": <one of the tools>}}", "tool_choice")
+    args = chosen[0].get("parameters") or {"type": "object"} if len(chosen) == 1 else {"type": "object"}
+    schema = {"type": "object", "required": ["name", "arguments"],
+              "properties": {"name": {"enum": [f["name"] for f in chosen]}, "arguments": args}}
+    try:
+        c = JsonConstraint(schema, (JSON_TOOLS[0] + "\n").encode(), ("\n" + JSON_TOOLS[1]).encode())
+    except SchemaError as e:
+        raise ValueError(f"'tool_choice' {choice!r} forces a call whose arguments follow the tool's parameters, "
+                         f"but: {e}", "tool_choice")
+    c.forced_tool_call = True
+    return c
+
+
+def can_force(fmt: ToolFormat) -> bool:
+    return (fmt.start, fmt.end) == JSON_TOOLS and getattr(fmt.parser, "__module__", "").endswith("json_tools")
