@@ -4,8 +4,9 @@ real processes, real tiny models (qwen2, 4 heads / 2 key-value heads, split tens
 * tests/distributed_ranks.py, one launch: greedy chains and trees, and seeded (coupled)
   sampling with chains and trees, each token for token the single-process plain run of the
   same target; then rank 1 vanishes and rank 0's next target pass ends in one line naming it.
-* the `mlxspec generate` command under mlx.launch: only rank 0 prints, one JSON object, whose
-  tokens are the single-process plain greedy tokens; the header names the split.
+* the `mlxspec generate` command under mlx.launch, split by layers (--pipeline): only rank 0
+  prints, one JSON object, whose tokens are the single-process plain greedy tokens; the header
+  names the split.
 * in-process: a model class without the sharding asked for is refused naming the class;
   heads that do not divide; each rank's memory check budgets its share, not the whole.
 """
@@ -67,14 +68,14 @@ def test_two_ranks_equal_the_single_process_run_and_a_vanished_rank_ends_it(tiny
 
 
 @needs_launch
-def test_generate_command_prints_on_rank_0_only(tiny_pair_dirs, tmp_path):
+def test_generate_command_with_pipeline_prints_on_rank_0_only(tiny_pair_dirs, tmp_path):
     t, d = tiny_pair_dirs
     args = ["--model", str(t), "--draft", str(d), "-p", "w1 w2 w3 w1 w2", "--ignore-chat-template",
-            "--max-tokens", "20", "--num-draft", "3", "--json"]
+            "--max-tokens", "20", "--num-draft", "3", "--json", "--pipeline"]
     res = launch("-m", "mlxspec.cli", "generate", *args)
     outs = json_lines(res.stdout)
     assert len(outs) == 1, res.stdout + res.stderr
-    assert "tensor parallel over 2 ranks" in outs[0]["pair"]
+    assert "pipeline parallel over 2 ranks" in outs[0]["pair"]
     whole = mlxspec.load(t, d)
     plain = mlxspec.generate(whole, "w1 w2 w3 w1 w2", max_tokens=20, num_draft=0, chat_template=False).tokens
     assert outs[0]["tokens"] == plain
