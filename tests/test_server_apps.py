@@ -230,13 +230,13 @@ def test_penalties_and_bias_change_the_text_not_its_exactness(server):
     """With presence and frequency penalties the reply changes, and speculative = plain; a +100
     logit_bias makes that token the only one."""
     c = _client(server)
-    base = c.chat.completions.create(model=MODEL, max_tokens=30, messages=HI)
-    pen = dict(model=MODEL, max_tokens=30, messages=HI, presence_penalty=2.0, frequency_penalty=2.0)
+    base = c.chat.completions.create(model=MODEL, max_tokens=16, messages=HI)
+    pen = dict(model=MODEL, max_tokens=16, messages=HI, presence_penalty=2.0, frequency_penalty=2.0)
     r = c.chat.completions.create(**pen)
     plain = c.chat.completions.create(**pen, extra_body={"num_draft_tokens": 0})
     assert r.choices[0].message.content == plain.choices[0].message.content != base.choices[0].message.content
     assert r.model_extra["speculative"]["drafted"] > 0
-    forced = c.chat.completions.create(model=MODEL, max_tokens=6, messages=HI, logit_bias={"1000": 100},
+    forced = c.chat.completions.create(model=MODEL, max_tokens=4, messages=HI, logit_bias={"1000": 100},
                                        logprobs=True).choices[0].logprobs.content
     assert len({t.token for t in forced}) == 1 and all(t.logprob > -1e-3 for t in forced)  # +100: always that token
 
