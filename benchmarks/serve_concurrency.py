@@ -19,6 +19,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,13 +51,16 @@ class Server:
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line = self.proc.stdout.readline()
         if "listening on" not in line:
-            raise SystemExit(f"the server did not start: {(Path(self.dir) / 'err').read_text()[-2000:]}")
+            err = (Path(self.dir) / "err").read_text()[-2000:]
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise SystemExit(f"the server did not start: {err}")
         url = urlsplit(line.split("listening on ")[1].split()[0])
         self.host, self.port = url.hostname, url.port
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def stream(server, prompt, max_tokens, out, i, t0):
