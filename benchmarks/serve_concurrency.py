@@ -151,8 +151,9 @@ def main():
     print("|---|---|---|---|---|")
     for c in args.clients:
         a, b = rows[1, c], rows[top, c]
-        print(f"| {c} | {spread(a['tps'])} | {spread(b['tps'])} | {spread(a['ttft'])} / {spread(a['ttft_worst'])} | "
-              f"{spread(b['ttft'])} / {spread(b['ttft_worst'])} |")
+        t = "{:.2f}"
+        print(f"| {c} | {spread(a['tps'])} | {spread(b['tps'])} | {spread(a['ttft'], t)} / {spread(a['ttft_worst'], t)} | "
+              f"{spread(b['ttft'], t)} / {spread(b['ttft_worst'], t)} |")
     print(f"\nreplies that differed from the reference: {len(mismatches)}")
     if args.json:
         Path(args.json).write_text(json.dumps(list(rows.values()), indent=1))
