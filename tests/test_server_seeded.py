@@ -38,7 +38,8 @@ def test_a_seed_fixes_the_text_whatever_the_server_drafts(server):
     for nd in (3, "auto"):
         spec = reply(server, seed=7, num_draft_tokens=nd)
         assert spec["choices"][0]["message"]["content"] == text, nd
-        assert spec["speculative"]["accepted"] > 0, spec["speculative"]  # it really drafted
+        if nd == 3:  # it really drafted (auto may price drafts too dear on a busy machine: same text either way)
+            assert spec["speculative"]["accepted"] > 0, spec["speculative"]
     other = reply(server, seed=8, num_draft_tokens=3)["choices"][0]["message"]["content"]
     assert other != text  # the seed decides the text: not a constant
 
