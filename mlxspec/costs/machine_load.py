@@ -93,7 +93,7 @@ def limit() -> float:
     return value
 
 
-def idle_now(seconds: float = 0.3) -> bool:
+def idle_now(seconds: float = 1.0) -> bool:
     """Are other programs keeping at most the limit of cores busy right now (a short look)?
     True where the machine's busy time is unknown."""
     with Watch() as w:
