@@ -78,8 +78,8 @@ class Leader:
     def end(self) -> None:
         """Tell the other ranks to stop (once; a lost peer is not waited for)."""
         with self.lock:
-            if self.ended or self.channel.broken is not None:
-                return
+            if self.ended or self.channel.broken is not None or not self.next_id:
+                return  # (no state was ever made: the other ranks may never have got to follow)
             self.ended = True
             try:
                 self.send([END])

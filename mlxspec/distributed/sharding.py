@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..errors import MlxspecError
 from ..util.untrusted import printable
@@ -42,9 +43,23 @@ def from_launch(pipeline: bool = False, drafter: str | None = None) -> "Sharding
     if group.size() < 2:
         return None
     if drafter == "layerskip":
-        raise MlxspecError("--drafter layerskip drafts with the target itself, which is split over the ranks "
+        refuse(group.rank(), "--drafter layerskip drafts with the target itself, which is split over the ranks "
                            "here: use a draft model (--draft) or --drafter lookup")
     return Sharding(group, pipeline)
+
+
+REFUSAL_WAIT = 10  # seconds a rank other than 0 leaves rank 0 to say a refusal all ranks reach
+
+
+def refuse(rank: int, message: str):
+    """A refusal every rank reaches alike (the same command line and files): rank 0 says it in one
+    line; the others wait for mlx.launch to stop them once rank 0 has exited with it, so the line is
+    printed once, and say it themselves only if they were not stopped."""
+    if rank:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(1))  # stopped: rank 0 has said it
+        time.sleep(REFUSAL_WAIT)
+    raise MlxspecError(message)
 
 
 def _class_name(model) -> str:
@@ -85,22 +100,22 @@ class Sharding:
         name = _class_name(model)
         if self.pipeline:
             if not (hasattr(model, "model") and hasattr(model.model, "pipeline")):
-                raise MlxspecError(f"the target's model class {name} has no pipeline sharding in mlx-lm "
+                refuse(self.rank, f"the target's model class {name} has no pipeline sharding in mlx-lm "
                                    "(`model.pipeline`): drop --pipeline for tensor parallel"
                                    + ("" if hasattr(model, "shard") else ", which it lacks too"))
             if len(model.model.layers) < self.size:
-                raise MlxspecError(f"the target has {len(model.model.layers)} layers: too few for {self.size} "
+                refuse(self.rank, f"the target has {len(model.model.layers)} layers: too few for {self.size} "
                                    "pipeline ranks")
             model.model.pipeline(self.group)
         else:
             if not hasattr(model, "shard"):
-                raise MlxspecError(f"the target's model class {name} has no tensor-parallel sharding in mlx-lm "
+                refuse(self.rank, f"the target's model class {name} has no tensor-parallel sharding in mlx-lm "
                                    "(`shard`)" + (": try --pipeline" if hasattr(getattr(model, "model", None),
                                                                                "pipeline") else ""))
             c = text_config(config)
             heads = [c.get("num_attention_heads"), c.get("num_key_value_heads", c.get("num_attention_heads"))]
             if any(isinstance(h, int) and h % self.size for h in heads):
-                raise MlxspecError(f"the target's {heads[0]} attention heads ({heads[1]} key/value heads) do not "
+                refuse(self.rank, f"the target's {heads[0]} attention heads ({heads[1]} key/value heads) do not "
                                    f"divide among {self.size} ranks: run {self._divisors(heads)} ranks, "
                                    "or --pipeline")
             model.shard(self.group)
