@@ -18,6 +18,7 @@ ranks with the next message.
 
 from __future__ import annotations
 
+import signal
 import threading
 import weakref
 from contextlib import contextmanager
@@ -87,6 +88,26 @@ class Leader:
                 pass
 
 
+@contextmanager
+def _interrupts_after():
+    """Take a Ctrl-C (SIGINT) once the operation is whole, as its handler would have: a message
+    sent and its forward left undone would leave the other ranks in a collective rank 0 never
+    joins.  Yields the list a Ctrl-C is noted in (a prefill stops at its next chunk for it)."""
+    pending: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending  # signals reach the main thread only
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield pending
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if pending and callable(old):
+            old(signal.SIGINT, None)
+        elif pending and old == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
 class MirroredState(ModelState):
     """Rank 0's target state: each cache operation is sent to the other ranks first."""
 
@@ -111,8 +132,9 @@ class MirroredState(ModelState):
                 raise MlxspecError("the distributed run has ended: no more target passes")
             self._quiet = True
             try:
-                leader.send(message, collective)
-                yield
+                with _interrupts_after() as pending:
+                    leader.send(message, collective)
+                    yield pending
             except RuntimeError as e:  # a sharded forward's own collective
                 leader.channel.fail(e)
                 raise
@@ -136,10 +158,10 @@ class MirroredState(ModelState):
     def prefill(self, history, should_stop=None):
         if self._quiet:
             return super().prefill(history, should_stop)
-        stop = None if should_stop is None else (lambda: self.leader.channel.flag(should_stop()))
-        message = [PREFILL, self.sid, int(stop is not None), *self.leader.history(self.sid, history)]
-        with self._mirrored(message):
-            return super().prefill(history, stop)
+        message = [PREFILL, self.sid, 1, *self.leader.history(self.sid, history)]
+        with self._mirrored(message) as pending:  # a Ctrl-C (pending) stops it between chunks, on every rank
+            return super().prefill(history, lambda: self.leader.channel.flag(
+                bool(pending) or (should_stop is not None and should_stop())))
 
     def reset(self):
         if self._quiet:

@@ -79,6 +79,8 @@ class Sharding:
             atexit.register(self.leader.end)  # the other ranks stop with rank 0, whatever ends it
         else:
             _silence_stdout()  # only rank 0 talks to the user
+            if threading.current_thread() is threading.main_thread():  # a terminal's Ctrl-C is rank 0's to take:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the others follow it, and end when it ends
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stopped)
 
