@@ -62,12 +62,12 @@ def main():
                                                                                      tree=False)}
     runs = {k: [] for k in decoders}
 
-    def run(kind, keep=True):
+    def run(kind, keep=True, tokens=args.tokens):
         dec = decoders[kind]
         dec.reset()
         before = (counted["calls"], counted["bytes"], *(shard.channel.stats().values() if shard else (0, 0)))
         t0 = time.perf_counter()
-        out = mlxspec.generate(pair, PROMPT, max_tokens=args.tokens, decoder=dec)
+        out = mlxspec.generate(pair, PROMPT, max_tokens=tokens, decoder=dec)
         dt = time.perf_counter() - t0
         after = (counted["calls"], counted["bytes"], *(shard.channel.stats().values() if shard else (0, 0)))
         calls, nbytes, msgs, mbytes = (a - b for a, b in zip(after, before))
@@ -76,16 +76,18 @@ def main():
                "collectives_per_token": round(calls / n, 2), "bytes_per_token": round(nbytes / n),
                "messages_per_token": round(msgs / n, 2), "message_bytes_per_token": round(mbytes / n),
                "accepted": out.stats.draft_accepted, "proposed": out.stats.draft_proposed, "target_passes": out.stats.target_passes,
-               "text_head": out.text[:40]}
+               "text_head": out.text[:60]}
         if keep:
             runs[kind].append(rec)
         return out.tokens
 
-    same = run("plain", keep=False) == run("speculative", keep=False)  # warm-up; greedy: the same tokens
+    run("plain", keep=False, tokens=8)  # warm-up
+    run("speculative", keep=False, tokens=8)
     for rep in range(args.repeats):
         for kind in (("plain", "speculative") if rep % 2 == 0 else ("speculative", "plain")):
             run(kind)
     ratios = [s["tok_s"] / p["tok_s"] for p, s in zip(runs["plain"], runs["speculative"])]
+    same = len({r["text_head"] for r in runs["plain"] + runs["speculative"]}) == 1  # greedy: the same text
     print(json.dumps({"mode": shard.mode if shard else "single process", "same_tokens": same,
                       "ratio_median": round(statistics.median(ratios), 3),
                       "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
