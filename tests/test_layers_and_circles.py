@@ -9,7 +9,7 @@ import mlxspec
 
 PACKAGE = Path(mlxspec.__file__).parent
 FLOORS = {"errors": 0, "util": 1, "arch": 2, "cpu": 3, "device": 4, "core": 5, "constrained": 5, "costs": 6, "models": 6,
-          "drafting": 7, "trees": 8, "decoder": 9, "distributed": 9, "distributed": 9, "api": 10, "session": 11, "server": 11, "bench": 11,
+          "drafting": 7, "trees": 8, "decoder": 9, "distributed": 9, "api": 10, "session": 11, "server": 11, "bench": 11,
           "commands": 12, "converters": 12, "cli": 13, "__init__": 14}
 SIDEWAYS = {("costs", "models"), ("models", "costs")}  # one floor, may use each other (no circle: checked below)
 MAX_LINES = 420
