@@ -9,9 +9,7 @@ their KV cache.  The figures follow models/memory.py's rules for the rest.
 
 from __future__ import annotations
 
-import os
 import re
-import struct
 
 from ..errors import MlxspecError
 
@@ -56,23 +54,13 @@ def rank_share(tensors, config: dict, rank: int, size: int, pipeline: bool) -> t
 def check_rank_fits(target_dir, draft_dir, rank: int, size: int, pipeline: bool, context: int = 2048,
                     budget_bytes: int | None = None):
     """models/memory.check_pair_fits for one rank's share; MLXSPEC_NO_MEMORY_CHECK=1 skips it."""
-    if os.environ.get("MLXSPEC_NO_MEMORY_CHECK"):
-        return None
-    from ..device import is_gpu
-    from ..models.memory import bits_at_load, fmt_bytes, local_tensors, pair_budget, read_config, usable_bytes
+    from ..models.memory import fmt_bytes, folder_budget
 
-    float_bytes = None if is_gpu() else 4
-    tcfg = read_config(target_dir)
-    dcfg = read_config(draft_dir) if draft_dir is not None else None
-    try:
-        tt, tshare = rank_share(local_tensors(target_dir), tcfg, rank, size, pipeline)
-        dt = local_tensors(draft_dir) if draft_dir is not None else None
-        usable, src = usable_bytes() if budget_bytes is None else (budget_bytes, "given budget")
-        budget = pair_budget(tshare, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
-                             usable_source=src, quantize_bits=(bits_at_load(tcfg), bits_at_load(dcfg)),
-                             labels=(f"target share (rank {rank} of {size})", "draft"))
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        return None  # unreadable folders are reported by the loader itself
+    budget = folder_budget(target_dir, draft_dir, context, budget_bytes,
+                           share=lambda tensors, cfg: rank_share(tensors, cfg, rank, size, pipeline),
+                           labels=(f"target share (rank {rank} of {size})", "draft"))
+    if budget is None:
+        return None
     if not budget.fits:
         raise MlxspecError(
             f"rank {rank}: its share of the target{' and the draft' if draft_dir is not None else ''} needs about "

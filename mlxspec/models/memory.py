@@ -383,6 +383,22 @@ def check_pair_fits(target_dir, draft_dir=None, context: int = 2048, budget_byte
 
     Weights at the compute dtype (float32 on the CPU backend), KV caches at
     `context` tokens.  Set MLXSPEC_NO_MEMORY_CHECK=1 to skip."""
+    budget = folder_budget(target_dir, draft_dir, context, budget_bytes)
+    if budget is not None and not budget.fits:
+        raise MlxspecError(
+            f"this pair needs about {fmt_bytes(budget.total)} at a {context}-token context but only "
+            f"{fmt_bytes(budget.usable)} is usable ({budget.usable_source}); "
+            "use a quantised pair (`mlxspec convert ... --quantize 4`) or a smaller target "
+            "(MLXSPEC_NO_MEMORY_CHECK=1 skips this check)"
+        )
+    return budget
+
+
+def folder_budget(target_dir, draft_dir=None, context: int = 2048, budget_bytes: int | None = None,
+                  share=None, labels=("target", "draft")) -> Budget | None:
+    """The Budget of model folders (None: MLXSPEC_NO_MEMORY_CHECK=1, or a folder the loader will
+    report).  `share(tensors, config) -> (tensors, config)`: the part of the target one process
+    holds (distributed/memory.py: a rank's shard)."""
     if os.environ.get("MLXSPEC_NO_MEMORY_CHECK"):
         return None
     from ..device import is_gpu
@@ -391,21 +407,12 @@ def check_pair_fits(target_dir, draft_dir=None, context: int = 2048, budget_byte
     tcfg = read_config(target_dir)
     dcfg = read_config(draft_dir) if draft_dir is not None else None
     try:
-        tt = local_tensors(target_dir)
+        tt, tshare = local_tensors(target_dir), tcfg
+        if share is not None:
+            tt, tshare = share(tt, tcfg)
         dt = local_tensors(draft_dir) if draft_dir is not None else None
-        if budget_bytes is None:
-            usable, src = usable_bytes()
-        else:
-            usable, src = budget_bytes, "given budget"
-        budget = pair_budget(tcfg, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
-                             usable_source=src, quantize_bits=(bits_at_load(tcfg), bits_at_load(dcfg)))
+        usable, src = usable_bytes() if budget_bytes is None else (budget_bytes, "given budget")
+        return pair_budget(tshare, dcfg, tt, dt, context=context, float_bytes=float_bytes, usable=usable,
+                           usable_source=src, quantize_bits=(bits_at_load(tcfg), bits_at_load(dcfg)), labels=labels)
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None  # unreadable folders are reported by the loader itself
-    if not budget.fits:
-        raise MlxspecError(
-            f"this pair needs about {fmt_bytes(budget.total)} at a {context}-token context but only "
-            f"{fmt_bytes(budget.usable)} is usable ({budget.usable_source}); "
-            "use a quantised pair (`mlxspec convert ... --quantize 4`) or a smaller target "
-            "(MLXSPEC_NO_MEMORY_CHECK=1 skips this check)"
-        )
-    return budget
