@@ -62,13 +62,38 @@ CASES = (
 )
 
 
+def run_main(*args):
+    """The `mlxspec` entry point (cli.main) in this process: its exit status, stdout and stderr
+    (what a subprocess would give, in milliseconds instead of a second of start-up each)."""
+    import contextlib
+    import io
+
+    from mlxspec.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 @pytest.mark.parametrize("argv, option, rule", CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in CASES])
 def test_bad_value_is_a_one_line_usage_error_before_loading(argv, option, rule):
-    line = usage_error(run_cli(*argv))
+    line = usage_error(run_main(*argv))
     assert option in line, line  # the error names the option
     assert NOWHERE not in line and "not found" not in line  # nothing was loaded
     if rule is not None:  # the CLI's words are the API's: the rule of core/options.py
         assert RULES[rule].describe() in line, line
+
+
+@pytest.mark.parametrize("case", [0, len(SAMPLING) + 5, len(CASES) - 1])
+def test_the_same_in_a_real_process(case):
+    """A few of the cases above as the command really runs (a process of its own): exit 2, one line."""
+    argv, option, _ = CASES[case]
+    assert option in usage_error(run_cli(*argv))
 
 
 @pytest.mark.parametrize("name, value", [
