@@ -114,6 +114,18 @@ def start(tmp_path_factory, name, *args, api_key=None, extra_env=None) -> Server
     return ServerProcess(tmp_path_factory.mktemp(name), *args, api_key=api_key, extra_env=extra_env)
 
 
+def start_tiny(tmp_path_factory, name, *args, extra_env=None) -> ServerProcess:
+    """A real `mlxspec serve` of the tiny chatty pair (tests/tiny_models.py: loads in a second, never
+    emits EOS); `.model` is the target's folder."""
+    import tiny_models
+
+    root = tmp_path_factory.mktemp(name)
+    target, draft = tiny_models.save_chatty_pair(root / "pair")
+    s = ServerProcess(root, "--model", str(target), "--draft", str(draft), *args, extra_env=extra_env)
+    s.model = str(target)
+    return s
+
+
 def error_of(status: int, body, expect_status: int) -> dict:
     """The OpenAI-style error object of a response, checked."""
     assert status == expect_status, (status, body)

@@ -190,14 +190,10 @@ def test_chat_page_streams_with_draft_colours_and_acceptance(server, tmp_path):
 # -- the page itself, on the tiny pair (cheap): settings, Stop, markdown, a phone-sized screen -------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import tiny_models
-    from server_process import ServerProcess
+    from server_process import start_tiny
 
-    root = tmp_path_factory.mktemp("serve-page")
-    target, draft = tiny_models.save_chatty_pair(root / "pair")
-    s = ServerProcess(root, "--model", str(target), "--draft", str(draft), "--num-draft-tokens", "3",
-                      "--parallel", "2")
-    browser = Browser(root / "profile")
+    s = start_tiny(tmp_path_factory, "serve-page", "--num-draft-tokens", "3", "--parallel", "2")
+    browser = Browser(tmp_path_factory.mktemp("page-profile") / "profile")
     try:
         browser.call("Page.enable")
         browser.call("Page.navigate", url=s.url + "/")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import tiny_models
-from server_process import ServerProcess
+from server_process import start_tiny
 
 pytestmark = pytest.mark.real
 
@@ -31,11 +31,7 @@ REQUESTS = [  # (prompt, extra fields): greedy and seeded, several draft lengths
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-parallel")
-    target, draft = tiny_models.save_chatty_pair(root / "pair")
-    s = ServerProcess(root, "--model", str(target), "--draft", str(draft), "--num-draft-tokens", "3",
-                      "--parallel", "3")
-    s.model = str(target)
+    s = start_tiny(tmp_path_factory, "serve-parallel", "--num-draft-tokens", "3", "--parallel", "3")
     yield s
     s.stop()
 

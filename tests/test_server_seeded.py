@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import tiny_models
-from server_process import ServerProcess, error_of
+from server_process import error_of, start_tiny
 
 pytestmark = pytest.mark.real
 
@@ -18,9 +17,7 @@ MSG = [{"role": "user", "content": "w17 w3 w99 w3 w17"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-seeded")
-    target, draft = tiny_models.save_chatty_pair(root / "pair")
-    s = ServerProcess(root, "--model", str(target), "--draft", str(draft), "--num-draft-tokens", "3")
+    s = start_tiny(tmp_path_factory, "serve-seeded", "--num-draft-tokens", "3")
     yield s
     s.stop()
 
