@@ -26,20 +26,21 @@ so any number of threads may each generate with their own decoder
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from .core.acceptance import leading_accepted, near_ties, verify, verify_coupled
+from .core.acceptance import greedy_choice, leading_accepted, verify, verify_coupled
 from .core.coupled import Coupling, new_coupling
 from .core.cache import ModelState
 from .costs.cost_model import assumed
 from .costs.draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
 from .drafting.drafters import EMPTY, Drafter, ModelDrafter, PromptLookupDrafter
 from .errors import MlxspecError
-from .core.sampling import SamplingParams, new_key, process_logits, token_logprobs
+from .core.sampling import SamplingParams, greedy_scores, new_key, normalise, process_logits, token_logprobs
 from .core.stats import GenerationStats
 from .core.token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 from .trees.round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
@@ -193,14 +194,22 @@ class SpeculativeDecoder:
         contexts = None
         if params.uses_context:
             contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
-        logprobs = process_logits(logits, params, contexts)
-        self._round_logprobs = logprobs  # rows 0..n chose the emitted tokens (generate(logprobs=...) reads them)
-        if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i
-            accepted, next_tokens = verify_coupled(logprobs, mx.array(drafted, dtype=mx.uint32), k_verify, len(history))
+        ties = None
+        if params.greedy:  # the argmax of the processed logits: no normalising pass (sampling.greedy_scores)
+            scores = greedy_scores(logits, params, contexts)
+            next_tokens, ties = greedy_choice(logits, scores)
+            accepted = next_tokens[: len(drafted)] == mx.array(drafted, dtype=mx.uint32)
+            logprobs = functools.partial(normalise, scores)  # normalised only where generate(logprobs=...) reads it
         else:
-            accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params, k_verify)
+            logprobs = process_logits(logits, params, contexts)
+            if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i
+                accepted, next_tokens = verify_coupled(logprobs, mx.array(drafted, dtype=mx.uint32), k_verify,
+                                                       len(history))
+            else:
+                accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params,
+                                               k_verify)
+        self._round_logprobs = logprobs  # rows 0..n chose the emitted tokens (generate(logprobs=...) reads them)
         finite = mx.isfinite(logits.sum())
-        ties = near_ties(logits, logprobs) if params.greedy else None
         mx.eval(accepted, next_tokens, finite, *([ties] if ties is not None else []))
         if not finite.item():
             raise MlxspecError(

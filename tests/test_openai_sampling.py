@@ -89,9 +89,10 @@ def test_speculative_equals_plain_with_penalties(pair, params):
 def test_control_rows_without_their_drafted_tokens_break_equality(pair, monkeypatch):
     import mlxspec.decoder as decoder_mod
 
-    real = decoder_mod.process_logits
-    monkeypatch.setattr(decoder_mod, "process_logits",
-                        lambda logits, params, contexts=None: real(logits, params, contexts and [contexts[0]] * len(contexts)))
+    for name in ("process_logits", "greedy_scores"):  # greedy verification reads greedy_scores
+        real = getattr(decoder_mod, name)
+        monkeypatch.setattr(decoder_mod, name, lambda logits, params, contexts=None, real=real:
+                            real(logits, params, contexts and [contexts[0]] * len(contexts)))
     target, draft = pair
     params = SamplingParams(**PENALTIES)
     plain = [t for t, *_ in run(target, draft, 0, params)[0]]

@@ -147,8 +147,12 @@ def _min_p(lp: mx.array, min_p: float) -> mx.array:
     return mx.where(lp < floor, -mx.inf, lp)
 
 
-def _normalise(lp: mx.array) -> mx.array:
-    return cpu.normalise(lp)  # lp - logsumexp(lp); on the CPU backend in the kernel
+def normalise(lp: mx.array) -> mx.array:
+    """lp - logsumexp(lp) over the last axis (lazy)."""
+    return cpu.normalise(lp)  # on the CPU backend in the kernel
+
+
+_normalise = normalise
 
 
 def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> mx.array:
@@ -158,8 +162,28 @@ def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> m
     its last `repetition_context_size` tokens; the presence and frequency penalties
     and a constraint, its tokens from `params.completion_start` on; ignored when
     nothing reads it).  For greedy params the result is the processed logits,
-    normalised; take its argmax.
+    normalised; take its argmax (or take it of `greedy_scores`, the same logits not
+    normalised: a greedy choice needs no normalising pass over the vocabulary).
     """
+    if params.greedy:
+        return _normalise(greedy_scores(logits, params, contexts))
+    return _sampling_logprobs(_processed(logits, params, contexts), params)
+
+
+def greedy_scores(logits: mx.array, params: SamplingParams, contexts=None) -> mx.array:
+    """The processed logits (N, V), float32, not normalised: what a greedy choice takes
+    the argmax of.  `process_logits` for greedy params is these, normalised; a
+    normalising pass costs a logsumexp over every row of the vocabulary (on this CPU
+    11 ms for 6 rows of 151,936), and subtracting one number from a row never changes
+    which entry is largest, so greedy verification skips it (the target's argmax is
+    taken of its own logits, as mlx-lm's argmax of logits - logsumexp picks it except
+    where rounding ties two entries, which near_ties counts)."""
+    assert params.greedy
+    return _processed(logits, params, contexts)
+
+
+def _processed(logits: mx.array, params: SamplingParams, contexts) -> mx.array:
+    """The logits with the bias, penalties and constraint applied (float32)."""
     logits = logits.astype(mx.float32)
     if params.logit_bias:
         logits = apply_logit_bias(logits, params.logit_bias)
@@ -176,8 +200,12 @@ def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> m
             logits = apply_openai_penalties(logits, generated, params.presence_penalty, params.frequency_penalty)
         if params.constraint is not None:  # -inf where a token would break the constraint
             logits = logits + params.constraint.mask(generated, logits.shape[-1])
-    if params.greedy:
-        return _normalise(logits)
+    return logits
+
+
+def _sampling_logprobs(logits: mx.array, params: SamplingParams) -> mx.array:
+    """Processed logits -> the log-probabilities to sample from (temperature, top-k,
+    top-p, min-p)."""
     lp = _normalise(logits / params.temp)
     lp = _top_k(lp, params.top_k)
     lp = _top_p(_normalise(lp), params.top_p) if params.top_p < 1.0 else lp
@@ -190,7 +218,10 @@ LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the processing ruled 
 
 def token_logprobs(logprobs: mx.array, rows: list, tokens: list, top: int) -> list:
     """For each emitted token: (its log-probability in row rows[j] of the processed (N, V)
-    `logprobs`, [(id, log-probability), ...] of the row's `top` most likely tokens, best first)."""
+    `logprobs`, [(id, log-probability), ...] of the row's `top` most likely tokens, best first).
+    `logprobs` may be a function that makes them (a greedy round normalises only when asked)."""
+    if callable(logprobs):
+        logprobs = logprobs()
     sel = logprobs[mx.array(rows)] if rows else logprobs[:0]
     chosen = mx.take_along_axis(sel, mx.array(tokens)[:, None], axis=-1)[:, 0]
     best = mx.argsort(-sel, axis=-1)[:, :top] if top > 0 else None

@@ -10,6 +10,7 @@ whose cost model sizes the tree); otherwise the loop verifies chains.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,10 +23,10 @@ from ..drafting.drafters import ModelDrafter
 from ..errors import MlxspecError
 from ..core.coupled import Coupling
 from ..core.kv_window import is_bounded
-from ..core.sampling import SamplingParams, process_logits
+from ..core.sampling import SamplingParams, greedy_scores, normalise, process_logits
 from . import acceptance as tree_acceptance
 from .acceptance import walk_greedy
-from ..core.acceptance import near_ties
+from ..core.acceptance import greedy_choice
 from .attention import TreeBlock, tree_support
 from .budget import TreeBudget
 from .drafter import TreeDraft
@@ -114,14 +115,17 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
     contexts = None
     if params.uses_context:
         contexts = [history] + [history + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
-    lp = process_logits(logits, params, contexts)
+    if params.greedy and coupling is None:  # the argmax of the processed logits (sampling.greedy_scores)
+        scores = greedy_scores(logits, params, contexts)
+        lp = functools.partial(normalise, scores)  # normalised only where generate(logprobs=...) reads it
+    else:
+        lp = process_logits(logits, params, contexts)
     finite = mx.isfinite(logits.sum())
     if coupling is not None:  # row 0 is position len(history); the row after node j, len(history) + its depth
         best = coupling.choose(lp, [len(history)] + [len(history) + tree.depth(j) for j in range(len(tree))])
         mx.eval(best, finite)
     elif params.greedy:
-        best = mx.argmax(lp, axis=-1)
-        tie = near_ties(logits, lp)
+        best, tie = greedy_choice(logits, scores)
         mx.eval(best, finite, tie)
     else:
         p = cpu.probabilities(lp)
