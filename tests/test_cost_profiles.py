@@ -210,3 +210,36 @@ def test_bench_profile_prints_projected_beside_measured(tiny_pair_dirs, tmp_path
     recs = doc["runs"]
     again = project(recs, doc["contenders"], {c: profiles.profile_cost("apple-m3plus-32b") for c in rows}, 10)
     assert {r["contender"]: r["projected_speedup"] for r in again}["mlx-lm k=3"] == rows["mlx-lm k=3"]
+
+
+def test_a_projection_leaves_out_the_first_rounds_tokens_as_the_measured_rate_does():
+    cm = profiles.from_dict(custom()).cost_model()
+    # the first round emitted 3 tokens with the prompt; the rest: two rounds (price 4.6 - 1.9)
+    rec = {"contender": "c", "temp": 0.0, "suite": "s", "prompt": "p", "first_round_tokens": 3,
+           "mlxspec_stats": {"rounds": [((1, 1, 1), 4, 3), ((2, 1), 3, 2), ((), 1, 1)]}}
+    rows = project([rec], [{"name": "c", "kind": "mlxspec"}], {"c": cm}, 10)
+    assert rows[0]["projected_speedup"] == pytest.approx(3 / (4.6 - 1.9))  # with the first round: 6 / 4.6
+
+
+def test_mlx_lm_is_priced_by_the_whole_heads_draft_and_mlxspec_by_its_pruned_one(monkeypatch):
+    """mlx-lm drafts with the draft model's whole head, dearer than mlxspec's pruned head:
+    under this-machine each contender's draft is priced by its own drafter's calibration."""
+    import mlxspec.api
+    from mlxspec.bench.contenders import make_contender
+    from mlxspec.commands import bench as bench_cmd
+    from mlxspec.costs import calibration, cost_model
+
+    asked = []
+    monkeypatch.setattr(mlxspec.api, "make_drafter", lambda pair, kind, draft_vocab=None: asked.append(draft_vocab)
+                        or draft_vocab)
+    monkeypatch.setattr(calibration, "for_decoder", lambda pair, d: cost_model.assumed(0.4 if d == "full" else 0.2))
+    pair = type("Pair", (), {"draft": object()})()
+    lineup = [make_contender("mlx-lm"), make_contender("model:3")]
+    rec = {"temp": 0.0, "suite": "s", "prompt": "p", "first_round_tokens": 1, "tokens": [1] * 4,
+           "from_draft": [False, True, True, False], "finish_reason": "length"}
+    runs = [dict(rec, contender="mlx-lm k=3"),
+            dict(rec, contender="mlxspec model k=3", mlxspec_stats={"rounds": [((), 1, 1), ((1, 1, 1), 4, 3)]})]
+    doc = bench_cmd._projection(pair, lineup, {"runs": runs, "contenders": [c.describe() for c in lineup]},
+                                None, 4)
+    assert sorted(asked, key=str) == [None, "full"]
+    assert "draft step 0.40" in doc["costs"]["mlx-lm k=3"] and "draft step 0.20" in doc["costs"]["mlxspec model k=3"]

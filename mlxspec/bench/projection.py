@@ -10,9 +10,10 @@ positions of the target's pass, tokens emitted):
 * mlx-lm k: rebuilt from its from_draft flags (`mlxlm_work`);
 
 and a run's projected speed-up is what plain decoding would pay for its tokens (one plain
-step a token, and one for the EOS when the run stopped there) over their price.  Per contender: the median over repeats, then over prompts, as
-the measured speed-up is taken (bench/figures.py).  The first round is priced too (the
-measured rate leaves it out); prompt processing is in neither.
+step a token, and one for the EOS when the run stopped there) over their price.  Per
+contender: the median over repeats, then over prompts, as the measured speed-up is taken
+(bench/figures.py).  As the measured rate (bench/contenders.timing_figures), the rounds
+that produced the first round's tokens are left out: they come with the prompt.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def mlxlm_work(from_draft: list, k: int, max_tokens: int) -> list[tuple]:
     return rounds
 
 
+def after_first_round(work: list, first_tokens: int) -> list:
+    """The rounds after those that emitted the first `first_tokens` tokens."""
+    i = 0
+    while first_tokens > 0 and i < len(work):
+        r = work[i]
+        first_tokens -= r["emitted"] if isinstance(r, dict) else r[2]
+        i += 1
+    return work[i:]
+
+
 def run_work(record: dict, contender: dict, max_tokens: int) -> list | None:
     """The rounds of one bench record (None when they were not recorded)."""
     if contender.get("kind") == "mlx-lm":
@@ -55,6 +66,7 @@ def project(records: list[dict], contenders: list[dict], costs: dict, max_tokens
     for r in records:
         work, cm = run_work(r, by_name.get(r["contender"], {}), max_tokens), costs.get(r["contender"])
         r["projected_speedup"] = None
+        work = after_first_round(work, r.get("first_round_tokens", 0)) if work else work
         if work and cm is not None:
             tokens, cost = price(work, cm)
             plain = tokens + (r.get("finish_reason") == "stop")  # plain decoding pays a step for the EOS too

@@ -213,20 +213,24 @@ def _projection(pair, lineup, result, cost_profile, max_tokens) -> dict:
     from ..costs import cost_model, profiles
 
     prof = profiles.load_profile(cost_profile)
-    model_cost = []
+    model_cost = {}
 
-    def for_model_draft():
-        if not model_cost:
+    def for_model_draft(full_head: bool):
+        """mlx-lm drafts with the draft model's whole head (`full_head`); mlxspec's fixed-k
+        contenders with its pruned one: under this-machine each is priced by its own
+        calibration (the whole head's step is 5-20 % dearer here)."""
+        if full_head not in model_cost:
             from ..api import make_drafter
 
-            d = make_drafter(pair, "model" if pair.draft is not None else "lookup")
+            d = make_drafter(pair, "model" if pair.draft is not None else "lookup",
+                             draft_vocab="full" if full_head and pair.draft is not None else None)
             if prof is not None:
-                model_cost.append(prof.cost_model(d))
+                model_cost[full_head] = prof.cost_model(d)
             else:
                 from ..costs import calibration
 
-                model_cost.append(calibration.for_decoder(pair, d))
-        return model_cost[0]
+                model_cost[full_head] = calibration.for_decoder(pair, d)
+        return model_cost[full_head]
 
     active = {c["name"] for c in result["contenders"]}
     costs = {}
@@ -235,7 +239,8 @@ def _projection(pair, lineup, result, cost_profile, max_tokens) -> dict:
             continue
         cm = getattr(c, "cost_used", None)
         if cm is None:  # plain decoding costs one plain step a token whatever the model
-            cm = cost_model.assumed(0.0) if c.drafter in (None, "none") and not c.num_draft else for_model_draft()
+            cm = (cost_model.assumed(0.0) if c.drafter in (None, "none") and not c.num_draft
+                  else for_model_draft(c.kind == "mlx-lm"))
         costs[c.name] = cm
     rows = project(result["runs"], result["contenders"], costs, max_tokens)
     return {"profile": cost_profile, "figures": prof.to_dict() if prof is not None else None,
