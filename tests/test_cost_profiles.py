@@ -93,6 +93,10 @@ def test_pricing_a_known_rounds_list():
     (json.dumps(custom(verify={"1": 1.0})), "above 1"),
     (json.dumps(custom(verify={str(w): 1.0 + w for w in range(1, 90)})), "verify"),
     (json.dumps(custom(host_overhead="a lot")), "host_overhead"),
+    (json.dumps(custom(host_per_position=-0.01)), "host_per_position"),
+    (json.dumps(custom(host_per_position=True)), "host_per_position"),
+    (json.dumps(custom(target_step_ms=0)), "target_step_ms"),
+    (json.dumps(custom(target_step_ms="10 ms")), "target_step_ms"),
     (json.dumps(custom(verfy={"2": 1.1})), "unknown key"),
     ("[" * 100000, "cost profile"),
 ])
