@@ -6,7 +6,7 @@ import pytest
 
 import tiny_models
 from mlxspec.costs.cost_model import CostModel, assumed
-from mlxspec.costs.draft_length import FixedK, PerToken, Round
+from mlxspec.costs.draft_length import PROBE_MAX, FixedK, PerToken, Round
 from mlxspec.trees.budget import TreeBudget
 from mlxspec.drafting.drafters import ModelDrafter
 from mlxspec.decoder import SpeculativeDecoder
@@ -87,24 +87,28 @@ def test_falls_back_when_drafting_cannot_pay_and_says_so():
 @pytest.mark.parametrize("seed", range(3))
 def test_never_falls_back_at_70_percent_acceptance_on_a_pair_that_pays(acceptance, seed):
     """The default pair's costs (draft step 0.29, verify +6 % per position): drafting
-    pays at these acceptance rates, so no round is a plain step."""
+    pays at these acceptance rates, so no round is a plain step -- but for a few after
+    two unlucky first rounds (both rejected at once: the evidence then says a draft does
+    not pay, and the next try waits for the exploration ledger, costs/exploration.py)."""
     pol = PerToken(costs(0.29), 12)
     pol.start(GenerationStats())
     _, _, lengths = Text(uniform(0.5, 1.0), lambda c: acceptance, seed=seed).run(pol, 400)
-    assert all(n > 0 for n in lengths), lengths
+    assert sum(n == 0 for n in lengths) <= 8 and all(n > 0 for n in lengths[10:]), lengths
     assert not pol.fallback
 
 
 def test_a_few_early_rejections_do_not_cause_fallback_and_a_bad_start_recovers():
     pol = PerToken(costs(0.29), 12)
     pol.start(GenerationStats())
-    _, _, lengths = Text(lambda rng: 0.5, lambda c: 0.0, seed=5).run(pol, 3)
+    _, _, lengths = Text(lambda rng: 0.5, lambda c: 0.0, seed=5).run(pol, 2)
     assert all(n > 0 for n in lengths) and not pol.fallback
     Text(lambda rng: 0.5, lambda c: 0.0, seed=5).run(pol, 20)  # a long bad stretch: falls back
     assert pol.fallback
-    _, _, lengths = Text(uniform(0.5, 1.0), lambda c: 0.7, seed=5).run(pol, 200)
+    _, _, lengths = Text(uniform(0.5, 1.0), lambda c: 0.7, seed=5).run(pol, 400)
     assert not pol.fallback
-    assert sum(n == 0 for n in lengths) <= 16 + 32 + 64  # back after one of the first probes (each may fail)
+    # back after one of the first probes (each may fail); on these costs the draft's catch-up grows
+    # faster than the ledger's share, so they come every PROBE_MAX plain tokens (costs/exploration.py)
+    assert sum(n == 0 for n in lengths) <= 3 * (PROBE_MAX + 1)
     assert all(n > 0 for n in lengths[-80:])
 
 
@@ -115,7 +119,9 @@ def test_probes_with_backoff_and_resumes():
     _, _, lengths = Text(uniform(0.0, 0.3), lambda c: 0.02, seed=6).run(pol, 700)
     probes = [i for i in range(1, len(lengths)) if lengths[i] > 0 and lengths[i - 1] == 0]
     gaps = np.diff(probes)
-    assert len(probes) >= 4 and gaps[0] >= 16 and gaps[1] > gaps[0], probes
+    # a probe's cost (its draft step, the draft's catch-up over the plain tokens, a verify position)
+    # grows faster than the 2 % of each plain step the ledger sets aside: one every PROBE_MAX tokens
+    assert len(probes) >= 4 and all(g >= PROBE_MAX for g in gaps), probes
     # the text changes (the model starts quoting its input): a probe notices
     _, _, lengths = Text(uniform(0.95, 1.0), lambda c: 0.97, seed=7).run(pol, 600)
     assert not pol.fallback

@@ -64,14 +64,21 @@ plus its re-feed risk on a recurrent target, i.e. drafting is predicted below 1x
 judged with the same optimistic a, so that a few early rejections are not
 enough -- the round is a plain step.  While that holds, a probe round drafts
 anyway every `probe_wait` plain tokens (doubling after each probe that does not
-pay), with half of the old evidence forgotten, so the probe counts.  With
-the calibrated model nothing depends on wall-clock time, so a seeded sampling
-run gives the same tokens every time.
+pay), with half of the old evidence forgotten, so the probe counts.
+
+Drafting on that optimism, where neither the mean acceptance nor the generation's
+recent rounds say it pays, and probing are exploration, paid from a ledger
+(costs/exploration.py): such a round hopes for its first token only and is taken
+while PROBE_SHARE of every token emitted, plus what exploring won, covers its
+expected loss.  With the calibrated model nothing depends on wall-clock time, so
+a seeded sampling run gives the same tokens every time.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+
+from .exploration import PROBE_SHARE, Ledger, exploring
 
 DEFAULT_MAX_K = 12  # --num-draft-max
 BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)  # confidence bucket edges
@@ -136,6 +143,7 @@ class Round:
         self.kept, self.p, self.e = 0, 1.0, 1.0
         self.t = 1.0  # a plain step: the verify pass over one position
         self.stop_reason = "cap"
+        self.optimistic = True  # `more` bets on the optimistic bound (False: the mean)
 
     def more(self, step_cost: float | None = None, lookup: bool = False) -> bool:
         """Draft one more token (a draft step costing `step_cost` plain steps)?"""
@@ -144,7 +152,8 @@ class Round:
         pol = self.policy
         if pol is None or (pol.forced and self.kept == 0):
             return True
-        a = pol.mean_acceptance(lookup, optimistic=True)  # the bet on the next token: optimism under uncertainty
+        hope = self.optimistic and not (self.kept and exploring(pol))  # a try hopes for its first token only
+        a = pol.mean_acceptance(lookup, optimistic=hope)  # the bet on the next token: optimism under uncertainty
         step = pol.cost.draft_step if step_cost is None else step_cost
         cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
         if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step),
@@ -238,10 +247,12 @@ class PerToken:
         self.piled = [0.0, 0.0]  # observed riding positions: decayed sum, weight
         self.drafted = [0.0, 0.0]  # drafts per drafting round: decayed sum, weight
         self.rates = list(RATE_PRIOR)  # recent rounds' tokens and predicted plain steps: decayed sums
+        self.ledger = Ledger()  # what exploring may still cost (costs/exploration.py)
 
     def start(self, stats) -> None:
         self.stats = stats
         self.plain_since = self.probe_wait  # a new prompt may suit the drafter: probe at once
+        self.ledger.start()
 
     def _bucket(self, confidence):
         return len(self.seen) - 1 if confidence is None else bisect_right(BUCKETS, confidence)
@@ -263,9 +274,15 @@ class PerToken:
         s = self.siblings
         s[0], s[1] = DECAY * s[0] + taken, DECAY * s[1] + predicted
 
-    def worth_drafting(self) -> bool:
-        """Could a first draft token be worth its cost, from any of the drafter's sources?"""
-        return any(Round(self, 1).more(step, lookup) for step, lookup in self.sources)
+    def worth_drafting(self, optimistic: bool = True) -> bool:
+        """Could a first draft token be worth its cost, from any of the drafter's sources
+        (at the optimistic bound on the acceptance; at its mean: does the evidence say so)?"""
+        return any(self._first(optimistic).more(step, lookup) for step, lookup in self.sources)
+
+    def _first(self, optimistic: bool) -> Round:
+        rnd = Round(self, 1)
+        rnd.optimistic = optimistic
+        return rnd
 
     def observe_refeed(self, riding: int) -> None:
         """The decoder's report for a drafting round: `riding` re-fed positions ride
@@ -290,31 +307,42 @@ class PerToken:
     def choose(self) -> int:
         self.forced = False
         self.riding = self.expected_riding()
-        if self.worth_drafting():
+        led, hopeful = self.ledger, self.worth_drafting()
+        if led.paying() or (hopeful and self.worth_drafting(optimistic=False)):  # the evidence: it pays
             if self.fallback:
                 self._note(f"resumed drafting after {self.stats.tokens_plain if self.stats else 0} plain tokens")
             self.fallback, self.probe_wait = False, PROBE_EVERY
+            led.begin(self, False)
             return self.max_k
-        if not self.fallback:
+        if hopeful and led.allows(self):  # a try on hope, paid from the ledger (in a fallback too: no probe)
+            led.begin(self, True)
+            return self.max_k
+        if not self.fallback:  # no hope, or none that the ledger can pay for
             self.fallback, self.plain_since = True, 0
-            self._note(self._fallback_note())
-        if self.plain_since >= self.probe_wait:
+            self._note(self._fallback_note(optimistic=not hopeful))
+        # the ledger keeps a short reply's probes within its share; past PROBE_MAX plain tokens a long one
+        # probes anyway (a catch-up of the draft's cache can grow faster than the share: profiles' host time)
+        if self.plain_since >= self.probe_wait and (led.allows(self) or self.plain_since >= PROBE_MAX):
             self.forced, self.plain_since = True, 0
             self.probe_wait = min(2 * self.probe_wait, PROBE_MAX)
             for m in self.mean.values():  # so that the probe counts
                 m.halve()
+            led.begin(self, True)
             return self.max_k
+        led.begin(self, False)
         return 0
 
-    def _fallback_note(self) -> str:
+    def _fallback_note(self, optimistic: bool = True) -> str:
         """Why the first draft token of a round does not pay, in the figures the rule used
         (`Round.more` with p = 1: the acceptance bet `a` against the token's cost scaled by
-        the bar), for the source that came closest, so the note never contradicts itself."""
+        the bar), for the source that came closest, so the note never contradicts itself.
+        `optimistic` False: the bet is the mean (the optimistic one would pay, but the
+        exploration ledger cannot pay for trying it)."""
         c, rnd = self.cost, Round(self, 1, self.rate())
         rate_t, rate_e = bar(rnd.t, rnd.e, rnd.rate)
         best = None
         for step, lookup in self.sources:
-            a = self.mean_acceptance(lookup, optimistic=True)
+            a = self.mean_acceptance(lookup, optimistic=optimistic)
             draft = c.draft_step if step is None else step
             refeed = rnd.refeed_risk(a)
             need = (draft + c.extra(2) + refeed) * rate_e / rate_t
@@ -323,9 +351,11 @@ class PerToken:
         a, need, draft, refeed, lookup = best
         more = f" + {refeed:.2f} re-feed of ~{self.riding + 1:.1f} positions after a rejection" if refeed else ""
         at_rate = f" at the recent rate of {rate_e / rate_t:.2f} tokens per plain step" if rate_e != rate_t else ""
-        return (f"fallback: {'lookup' if lookup else 'draft'} acceptance (at most {a:.2f}) is below the {need:.2f} a "
+        bet = f"(at most {a:.2f})" if optimistic else f"{a:.2f}"
+        tries = "" if optimistic else f", tries on hope paid from {PROBE_SHARE:.0%} of each token's plain step"
+        return (f"fallback: {'lookup' if lookup else 'draft'} acceptance {bet} is below the {need:.2f} a "
                 f"draft token must reach to pay ({draft:.2f} draft + {c.extra(2):.2f} verify{more} plain steps"
-                f"{at_rate}); plain decoding, probing after {self.probe_wait}+ tokens")
+                f"{at_rate}); plain decoding, probing after {self.probe_wait}+ tokens{tries}")
 
     def round(self, k: int) -> Round:
         return Round(self, k, self.rate())
@@ -346,6 +376,7 @@ class PerToken:
         if tokens:
             r = self.rates
             r[0], r[1] = RATE_DECAY * r[0] + tokens, RATE_DECAY * r[1] + rnd.t
+        self.ledger.settle(rnd, tokens)
         if rnd.k == 0:
             self.plain_since += 1
         elif self.refeed:

@@ -42,6 +42,7 @@ is nearly free, trees grow wide; on a CPU they stay close to chains).
 from __future__ import annotations
 
 from ..costs.draft_length import bar, pays_ahead
+from ..costs.exploration import exploring
 
 MAX_BRANCH = 3  # children proposed per expanded node
 MAX_TREE_NODES = 32  # verify width bound (with the pending token: 33 positions)
@@ -127,7 +128,8 @@ class TreeBudget:
             self.stop_reason = "cap"
             return 0
         pol, n = self.policy, 0
-        a, a_later = pol.mean_acceptance(optimistic=True), pol.mean_acceptance()  # as Round.more
+        # as Round.more: a try on hope (costs/exploration.py) hopes for its first level only
+        a, a_later = pol.mean_acceptance(optimistic=not (depth and exploring(pol))), pol.mean_acceptance()
         for v in values:
             step = self._draft_width(n, n + 1)
             forced = pol.forced and self.nodes == 0
