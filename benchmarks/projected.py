@@ -2,6 +2,7 @@
 
     python benchmarks/projected.py                                  # code, chat, creative; T=0 and 0.7; 4 profiles
     python benchmarks/projected.py --suites code --temps 0 --profiles apple-m3plus-7b --out proj.json
+    python benchmarks/projected.py --suites code --profiles this-machine     # priced by this machine's calibration
 
 One process, the default pair loaded once.  For each prompt and temperature, mlx-lm's own
 speculative decoding (k=3) runs once (its work does not depend on a profile), and
@@ -54,7 +55,7 @@ def main(argv=None):
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profiles", default=PROFILES)
-    ap.add_argument("--out", default=None, help="write every run's figures as JSON here")
+    ap.add_argument("--out", default=None, help="write every run's figures (and its rounds' work) as JSON here")
     a = ap.parse_args(argv)
 
     pair = mlxspec.load(a.model, a.draft)
@@ -76,7 +77,8 @@ def main(argv=None):
                 stream.stats.rounds = []
                 tokens = [c.token for c in stream if c.token >= 0]
                 st = stream.stats
-                cm_draft = prof.cost_model(dec.drafter)  # mlx-lm's draft is the pair's draft model
+                # mlx-lm's draft is the pair's draft model (this-machine: the calibration mlxspec decides by)
+                cm_draft = dec.policy.cost if prof is None else prof.cost_model(dec.drafter)
                 tree = st.tree_summary or {}
                 row = {
                     "temp": temp, "suite": prompt.suite, "prompt": prompt.key, "profile": name,
@@ -89,6 +91,8 @@ def main(argv=None):
                     "tree_rounds": tree.get("rounds", 0),
                     "same_as_mlxlm": tokens == ref.tokens if temp == 0 else None,
                     "near_ties": st.near_ties,
+                    "rounds_work": [list(r) for r in st.rounds] if a.out else None,
+                    "mlxlm_work": [list(r) for r in ref_work] if a.out else None,
                 }
                 runs.append(row)
                 print(f"T={temp:g} {prompt.key} {name}: default {row['default_x_plain']:.2f}x "
