@@ -248,7 +248,7 @@ def test_two_processes_with_different_draft_lengths_agree():
     dear draft -- different draft lengths, the same text."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     runs = {}
-    for how in ("0", "2", "7", "auto0.02", "auto0.2"):  # at 0.6 the tiny pair now stays plain (a try hopes for one token)
+    for how in ("0", "2", "7", "auto0.02", "auto0.2"):  # at 0.6 the tiny pair stays plain
         r = subprocess.run([sys.executable, "-c", _CHILD, how], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         runs[how] = json.loads(r.stdout.strip().splitlines()[-1])
