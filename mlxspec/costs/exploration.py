@@ -68,9 +68,7 @@ class Ledger:
     def expected_loss(self, policy) -> float:
         """Plain steps a one-token exploring round is expected to lose against plain decoding
         (at the mean acceptance), for the source that loses least."""
-        from .draft_length import Round
-
-        rnd, cm = Round(policy, 1), policy.cost
+        rnd, cm = policy.round(1), policy.cost  # a one-token round (not draft_length.Round: no import circle)
         best = None
         for step, lookup in policy.sources:
             a = policy.mean_acceptance(lookup)
