@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from .core.acceptance import greedy_choice, leading_accepted, verify, verify_coupled
+from .core.acceptance import leading_accepted, near_ties, verify, verify_coupled
 from .core.coupled import Coupling, new_coupling
 from .core.cache import ModelState
 from .costs.cost_model import assumed
@@ -194,20 +194,18 @@ class SpeculativeDecoder:
         contexts = None
         if params.uses_context:
             contexts = [history + drafted[:i] for i in range(len(drafted) + 1)]
-        ties = None
+        drafts, ties = mx.array(drafted, dtype=mx.uint32), None
         if params.greedy:  # the argmax of the processed logits: no normalising pass (sampling.greedy_scores)
             scores = greedy_scores(logits, params, contexts)
-            next_tokens, ties = greedy_choice(logits, scores)
-            accepted = next_tokens[: len(drafted)] == mx.array(drafted, dtype=mx.uint32)
+            accepted, next_tokens = verify(scores, drafts, None, params, None)
+            ties = near_ties(logits, scores, next_tokens)
             logprobs = functools.partial(normalise, scores)  # normalised only where generate(logprobs=...) reads it
         else:
             logprobs = process_logits(logits, params, contexts)
             if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i
-                accepted, next_tokens = verify_coupled(logprobs, mx.array(drafted, dtype=mx.uint32), k_verify,
-                                                       len(history))
+                accepted, next_tokens = verify_coupled(logprobs, drafts, k_verify, len(history))
             else:
-                accepted, next_tokens = verify(logprobs, mx.array(drafted, dtype=mx.uint32), proposal.q, params,
-                                               k_verify)
+                accepted, next_tokens = verify(logprobs, drafts, proposal.q, params, k_verify)
         self._round_logprobs = logprobs  # rows 0..n chose the emitted tokens (generate(logprobs=...) reads them)
         finite = mx.isfinite(logits.sum())
         mx.eval(accepted, next_tokens, finite, *([ties] if ties is not None else []))

@@ -90,19 +90,14 @@ def near_ties(logits: mx.array, scores: mx.array, best: mx.array | None = None) 
     return first - second <= eps * mx.maximum(top, 1.0)
 
 
-def greedy_choice(logits: mx.array, scores: mx.array) -> tuple[mx.array, mx.array]:
-    """Lazy ((N,) argmax of `scores`, (N,) near-tie flags): a greedy verify pass's
-    choices (scores: sampling.greedy_scores of the pass's raw `logits`)."""
-    best = mx.argmax(scores, axis=-1)
-    return best, near_ties(logits, scores, best)
-
-
 def verify(target_logprobs: mx.array, draft: mx.array, q: mx.array | None,
            params: SamplingParams, key: mx.array | None):
     """Lazy verify of k drafts against k+1 target rows.
 
     Returns (accepted (k,) bool, next_tokens (k+1,)): the caller keeps the
-    leading run of accepted drafts, n of them, then emits next_tokens[n].
+    leading run of accepted drafts, n of them, then emits next_tokens[n].  Greedy
+    params take the argmax, so any rows with the same argmax serve as
+    `target_logprobs` (sampling.greedy_scores: the processed logits, not normalised).
     """
     k = draft.shape[0]
     if params.greedy:

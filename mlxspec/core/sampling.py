@@ -152,9 +152,6 @@ def normalise(lp: mx.array) -> mx.array:
     return cpu.normalise(lp)  # on the CPU backend in the kernel
 
 
-_normalise = normalise
-
-
 def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> mx.array:
     """Logits (N, V) -> log-probabilities (N, V) of the distribution to sample from.
 
@@ -166,7 +163,7 @@ def process_logits(logits: mx.array, params: SamplingParams, contexts=None) -> m
     normalised: a greedy choice needs no normalising pass over the vocabulary).
     """
     if params.greedy:
-        return _normalise(greedy_scores(logits, params, contexts))
+        return normalise(greedy_scores(logits, params, contexts))
     return _sampling_logprobs(_processed(logits, params, contexts), params)
 
 
@@ -206,11 +203,11 @@ def _processed(logits: mx.array, params: SamplingParams, contexts) -> mx.array:
 def _sampling_logprobs(logits: mx.array, params: SamplingParams) -> mx.array:
     """Processed logits -> the log-probabilities to sample from (temperature, top-k,
     top-p, min-p)."""
-    lp = _normalise(logits / params.temp)
+    lp = normalise(logits / params.temp)
     lp = _top_k(lp, params.top_k)
-    lp = _top_p(_normalise(lp), params.top_p) if params.top_p < 1.0 else lp
+    lp = _top_p(normalise(lp), params.top_p) if params.top_p < 1.0 else lp
     lp = _min_p(lp, params.min_p)
-    return _normalise(lp)
+    return normalise(lp)
 
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the processing ruled out (JSON has no -inf)

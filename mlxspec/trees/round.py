@@ -26,7 +26,7 @@ from ..core.kv_window import is_bounded
 from ..core.sampling import SamplingParams, greedy_scores, normalise, process_logits
 from . import acceptance as tree_acceptance
 from .acceptance import walk_greedy
-from ..core.acceptance import greedy_choice
+from ..core.acceptance import near_ties
 from .attention import TreeBlock, tree_support
 from .budget import TreeBudget
 from .drafter import TreeDraft
@@ -125,7 +125,8 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
         best = coupling.choose(lp, [len(history)] + [len(history) + tree.depth(j) for j in range(len(tree))])
         mx.eval(best, finite)
     elif params.greedy:
-        best, tie = greedy_choice(logits, scores)
+        best = mx.argmax(scores, axis=-1)
+        tie = near_ties(logits, scores, best)
         mx.eval(best, finite, tie)
     else:
         p = cpu.probabilities(lp)

@@ -76,7 +76,7 @@ def test_log_softmax_matches_mlx_and_is_used_to_normalise(rows, n):
     x = (np.random.default_rng(n).standard_normal((rows, n)) * 8 + 12).astype(np.float32)
     x[0, : n // 3] = -np.inf  # masked by top-k / top-p
     want = np.array(mx.array(x) - mx.logsumexp(mx.array(x), axis=-1, keepdims=True))
-    for got in (np.array(kernel_ops.log_softmax(mx.array(x))), np.array(sampling._normalise(mx.array(x)))):
+    for got in (np.array(kernel_ops.log_softmax(mx.array(x))), np.array(sampling.normalise(mx.array(x)))):
         finite = np.isfinite(want)
         assert np.array_equal(finite, np.isfinite(got))
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=2e-5)
@@ -91,7 +91,7 @@ def test_probabilities_are_exp_of_processed_rows_by_the_kernel(rows, n, monkeypa
     top-k / top-p ruled a token out, and the kernel does it (not MLX's exp)."""
     x = (np.random.default_rng(n).standard_normal((rows, n)) * 6).astype(np.float32)
     x[0, : n // 3] = -np.inf
-    lp = sampling._normalise(mx.array(x))
+    lp = sampling.normalise(mx.array(x))
     want = np.array(mx.exp(lp))
     exps = []
     monkeypatch.setattr(mx, "exp", lambda a, *k, **kw: exps.append(a) or mx.sqrt(a))  # MLX's exp is not used
