@@ -34,22 +34,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlxspec  # noqa: E402  (sets up the MLX backend first)
-import mlx.core as mx  # noqa: E402
 from mlxspec.api import encode_prompt, make_decoder, make_drafter  # noqa: E402
 from mlxspec.core.cache import ModelState  # noqa: E402
 from mlxspec.core.sampling import SamplingParams  # noqa: E402
 from mlxspec.core.stats import GenerationStats  # noqa: E402
-from mlxspec.costs.cost_model import _draft_state  # noqa: E402
+from mlxspec.costs.cost_model import _draft_state, width_pass  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import arguments, chosen_prompts  # noqa: E402
 
 
 def timed_forward(state, history: list[int], width: int) -> float:
-    """Seconds of a forward of `state` over `width` positions after `history` (as calibrate's)."""
-    pending = state.sync(history)
+    """Seconds of calibrate's pass of `state` over `width` positions after `history`."""
     t0 = time.perf_counter()
-    mx.eval(mx.argmax(state.forward(pending + history[-1:] * (width - len(pending))), axis=-1))
+    width_pass(state, history, width, history[-1:] * width)
     return time.perf_counter() - t0
 
 

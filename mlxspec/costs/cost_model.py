@@ -251,12 +251,6 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         drafter.reset()
         drafter.prefill(history)
 
-    def timed_forward(state, w):
-        """A forward of `state` over w positions after the history, its argmax evaluated."""
-        pending = state.sync(history)
-        logits = state.forward(pending + ids[context: context + w - len(pending)])
-        mx.eval(mx.argmax(logits, axis=-1))
-
     def draft_once():
         drafter.propose(history, k_draft, greedy, None)
 
@@ -287,12 +281,12 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         for sweep in range(SAMPLES if rep else 1):  # the warm-up makes every call once
             for w in widths:
                 if w <= SAMPLED_WIDTH or sweep < WIDE_SAMPLES:
-                    timed(w, lambda: timed_forward(target, w), keep=rep > 0)
+                    timed(w, lambda: width_pass(target, history, w, ids[context:]), keep=rep > 0)
             if k_draft:
                 timed("draft", draft_once, per=k_draft, keep=rep > 0)
             for w in DRAFT_WIDTHS if draft_state is not None else ():
                 # a draft forward is short: single timings are noise (27-39 ms at one width)
-                timed(f"draft@{w}", lambda: timed_forward(draft_state, w), keep=rep > 0)
+                timed(f"draft@{w}", lambda: width_pass(draft_state, history, w, ids[context:]), keep=rep > 0)
     target.reset()
     if k_draft:
         drafter.reset()
@@ -300,6 +294,16 @@ def calibrate(target_model, drafter, vocab_size: int, *, widths=WIDTHS, repeats:
         del times["draft"]
     rc = getattr(drafter, "relative_cost", 0.0)
     return from_times(times, rc, metal=True) if gpu else from_times(times, rc)
+
+
+def width_pass(state, history: list[int], width: int, fill: list[int]) -> None:
+    """One pass of `state` (core/cache.ModelState) over `width` positions after `history`:
+    what its cache lacks of `history`, then tokens of `fill`, its argmax evaluated (the
+    pass calibrate times; benchmarks/loop_price.py times it at a loop's own contexts)."""
+    import mlx.core as mx
+
+    pending = state.sync(history)
+    mx.eval(mx.argmax(state.forward(pending + fill[: width - len(pending)]), axis=-1))
 
 
 def _draft_state(drafter):
