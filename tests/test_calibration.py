@@ -57,11 +57,19 @@ def test_a_damaged_calibration_is_ignored_with_a_warning_and_measured_again(tiny
 
 
 def test_same_seed_same_tokens_with_the_calibration_from_the_cache(tiny_pair, calib_dir):
+    make_decoder(tiny_pair)  # measured and cached
+    path, = calib_dir.glob("*.json")
+    # priced as a pair that pays: the tiny models' own timings are noise, and under load a draft
+    # step measured near a plain step made every round plain (no draft to test the seed with)
+    doc = json.loads(path.read_text())
+    doc.update(draft_step=0.2, verify=[1 + 0.05 * i for i in range(len(doc["verify"]))], draft_widths=[])
+    path.write_text(json.dumps(doc))
     runs = [mlxspec.generate(tiny_pair, "seed test", max_tokens=40, temp=1.0, seed=s) for s in (7, 7, 8)]
     assert runs[0].tokens == runs[1].tokens
     assert runs[0].stats.k_history == runs[1].stats.k_history
     assert runs[0].tokens != runs[2].tokens
     assert runs[0].stats.draft_proposed > 0
+    assert make_decoder(tiny_pair).policy.cost.draft_step == 0.2  # the runs' prices came from the cache
 
 
 def test_num_draft_max_zero_is_plain_decoding(tiny_pair):
