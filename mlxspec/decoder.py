@@ -26,7 +26,6 @@ so any number of threads may each generate with their own decoder
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import time
 from typing import Callable, Iterator
@@ -40,7 +39,7 @@ from .costs.cost_model import assumed
 from .costs.draft_length import DEFAULT_MAX_K, FixedK, PerToken, Round
 from .drafting.drafters import EMPTY, Drafter, ModelDrafter, PromptLookupDrafter
 from .errors import MlxspecError
-from .core.sampling import SamplingParams, greedy_scores, new_key, normalise, process_logits, token_logprobs
+from .core.sampling import SamplingParams, greedy_scores, lazy_normalised, new_key, process_logits, token_logprobs
 from .core.stats import GenerationStats
 from .core.token_ids import model_vocab_rows, validate_token_ids, vocab_rows
 from .trees.round import NOTED_KINDS, NoTrees, run_tree_round, tree_unsupported
@@ -199,7 +198,7 @@ class SpeculativeDecoder:
             scores = greedy_scores(logits, params, contexts)
             accepted, next_tokens = verify(scores, drafts, None, params, None)
             ties = near_ties(logits, scores, next_tokens)
-            logprobs = functools.partial(normalise, scores)  # normalised only where generate(logprobs=...) reads it
+            logprobs = lazy_normalised(scores)
         else:
             logprobs = process_logits(logits, params, contexts)
             if isinstance(k_verify, Coupling):  # coupled sampling: row i is position len(history) + i

@@ -38,10 +38,11 @@ def mlxlm_work(from_draft: list, k: int, max_tokens: int) -> list[tuple]:
 
 def after_first_round(work: list, first_tokens: int) -> list:
     """The rounds after those that emitted the first `first_tokens` tokens."""
+    from ..costs.profiles import round_parts
+
     i = 0
     while first_tokens > 0 and i < len(work):
-        r = work[i]
-        first_tokens -= r["emitted"] if isinstance(r, dict) else r[2]
+        first_tokens -= round_parts(work[i])[2]
         i += 1
     return work[i:]
 

@@ -19,6 +19,7 @@ rows for the same prefix are processed alike.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -177,6 +178,12 @@ def greedy_scores(logits: mx.array, params: SamplingParams, contexts=None) -> mx
     where rounding ties two entries, which near_ties counts)."""
     assert params.greedy
     return _processed(logits, params, contexts)
+
+
+def lazy_normalised(scores: mx.array):
+    """`normalise(scores)`, made only when called: a greedy round's log-probabilities,
+    which only `generate(logprobs=...)` reads (token_logprobs calls it)."""
+    return functools.partial(normalise, scores)
 
 
 def _processed(logits: mx.array, params: SamplingParams, contexts) -> mx.array:

@@ -136,14 +136,15 @@ def pays_ahead(p: float, a_next: float, a_later: float, next_cost: float, later_
 class Round:
     """Drafting decisions for one round (FixedK's rounds say yes up to k)."""
 
-    def __init__(self, policy=None, k: int = 0, rate: float | None = None):
+    def __init__(self, policy=None, k: int = 0, rate: float | None = None, optimistic: bool = True):
         """`rate`: the generation's long-run rate (tokens per plain step), or None to
-        judge by the round's own E/T alone."""
+        judge by the round's own E/T alone; `optimistic`: `more` bets on the optimistic
+        bound (False: the mean)."""
         self.policy, self.k, self.rate = policy, k, rate
         self.kept, self.p, self.e = 0, 1.0, 1.0
         self.t = 1.0  # a plain step: the verify pass over one position
         self.stop_reason = "cap"
-        self.optimistic = True  # `more` bets on the optimistic bound (False: the mean)
+        self.optimistic = optimistic
 
     def more(self, step_cost: float | None = None, lookup: bool = False) -> bool:
         """Draft one more token (a draft step costing `step_cost` plain steps)?"""
@@ -277,12 +278,7 @@ class PerToken:
     def worth_drafting(self, optimistic: bool = True) -> bool:
         """Could a first draft token be worth its cost, from any of the drafter's sources
         (at the optimistic bound on the acceptance; at its mean: does the evidence say so)?"""
-        return any(self._first(optimistic).more(step, lookup) for step, lookup in self.sources)
-
-    def _first(self, optimistic: bool) -> Round:
-        rnd = Round(self, 1)
-        rnd.optimistic = optimistic
-        return rnd
+        return any(Round(self, 1, optimistic=optimistic).more(step, lookup) for step, lookup in self.sources)
 
     def observe_refeed(self, riding: int) -> None:
         """The decoder's report for a drafting round: `riding` re-fed positions ride

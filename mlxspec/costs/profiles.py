@@ -254,7 +254,8 @@ def profile_cost(spec, drafter=None) -> CostModel | None:
 # Pricing recorded work (GenerationStats.rounds): what it would cost under a cost model.
 
 
-def _parts(r):
+def round_parts(r) -> tuple:
+    """(draft_widths, verify_width, emitted) of a round record: a `stats.rounds` dict or that tuple."""
     if isinstance(r, dict):
         return r["draft_widths"], r["verify_width"], r["emitted"]
     return r
@@ -269,7 +270,7 @@ def price(rounds, cm: CostModel) -> tuple[int, float]:
     """(tokens emitted, plain steps) of a list of rounds (dicts or (draft_widths, verify_width, emitted))."""
     tokens, cost = 0, 0.0
     for r in rounds:
-        dw, v, e = _parts(r)
+        dw, v, e = round_parts(r)
         tokens += e
         cost += round_cost(cm, dw, v)
     return tokens, cost

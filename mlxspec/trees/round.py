@@ -10,7 +10,6 @@ whose cost model sizes the tree); otherwise the loop verifies chains.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -23,7 +22,7 @@ from ..drafting.drafters import ModelDrafter
 from ..errors import MlxspecError
 from ..core.coupled import Coupling
 from ..core.kv_window import is_bounded
-from ..core.sampling import SamplingParams, greedy_scores, normalise, process_logits
+from ..core.sampling import SamplingParams, greedy_scores, lazy_normalised, process_logits
 from . import acceptance as tree_acceptance
 from .acceptance import walk_greedy
 from ..core.acceptance import near_ties
@@ -117,7 +116,7 @@ def run_tree_round(target, drafter, policy, history: list[int], k: int, params: 
         contexts = [history] + [history + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
     if params.greedy and coupling is None:  # the argmax of the processed logits (sampling.greedy_scores)
         scores = greedy_scores(logits, params, contexts)
-        lp = functools.partial(normalise, scores)  # normalised only where generate(logprobs=...) reads it
+        lp = lazy_normalised(scores)
     else:
         lp = process_logits(logits, params, contexts)
     finite = mx.isfinite(logits.sum())
