@@ -83,6 +83,28 @@ def test_falls_back_when_drafting_cannot_pay_and_says_so():
     assert len(stats.notes) <= 2  # a fallback note (and a resumed one), not one per round
 
 
+def test_the_fallback_note_does_not_contradict_itself_after_rounds_that_lost():
+    """The rule judges a first draft token against plain decoding's one token a plain step
+    (`worth_drafting`); the note once scaled the bar by the recent rate, so after rounds
+    that lost (half a token a plain step) it read "(at most 0.51) is below the 0.30"."""
+    import re
+
+    from mlxspec.costs.draft_length import Mean
+
+    stats = GenerationStats()
+    pol = PerToken(assumed(0.3, slope=0.3))  # a first draft token must reach 0.3 + 0.3 plain steps
+    pol.start(stats)
+    pol.ledger.first = False
+    pol.rates = [0.5, 1.0]  # recent rounds: half a token a plain step
+    pol.mean[False] = m = Mean(0.5)
+    m.evidence = 10_000.0  # the optimistic bound at the mean: 0.5, under the 0.6 a token must reach
+    assert pol.choose() == 0 and pol.fallback
+    note = [n for n in stats.notes if n.startswith("fallback")][0]
+    got = re.search(r"acceptance \(at most ([\d.]+)\) is below the ([\d.]+) a draft token must reach", note)
+    assert got, note
+    assert float(got.group(1)) < float(got.group(2)) == pytest.approx(0.6), note
+
+
 @pytest.mark.parametrize("acceptance", [0.7, 0.8, 0.9])
 @pytest.mark.parametrize("seed", range(3))
 def test_never_falls_back_at_70_percent_acceptance_on_a_pair_that_pays(acceptance, seed):

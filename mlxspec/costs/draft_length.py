@@ -330,28 +330,27 @@ class PerToken:
 
     def _fallback_note(self, optimistic: bool = True) -> str:
         """Why the first draft token of a round does not pay, in the figures the rule used
-        (`Round.more` with p = 1: the acceptance bet `a` against the token's cost scaled by
-        the bar), for the source that came closest, so the note never contradicts itself.
+        (`worth_drafting`: `Round.more` with p = 1 against plain decoding's one token a plain
+        step, not the recent rate), for the source that came closest, so the note never
+        contradicts itself.
         `optimistic` False: the bet is the mean (the optimistic one would pay, but the
         exploration ledger cannot pay for trying it)."""
-        c, rnd = self.cost, Round(self, 1, self.rate())
-        rate_t, rate_e = bar(rnd.t, rnd.e, rnd.rate)
+        c, rnd = self.cost, Round(self, 1)
         best = None
         for step, lookup in self.sources:
             a = self.mean_acceptance(lookup, optimistic=optimistic)
             draft = c.draft_step if step is None else step
             refeed = rnd.refeed_risk(a)
-            need = (draft + c.extra(2) + refeed) * rate_e / rate_t
+            need = draft + c.extra(2) + refeed
             if best is None or a - need > best[0] - best[1]:
                 best = (a, need, draft, refeed, lookup)
         a, need, draft, refeed, lookup = best
         more = f" + {refeed:.2f} re-feed of ~{self.riding + 1:.1f} positions after a rejection" if refeed else ""
-        at_rate = f" at the recent rate of {rate_e / rate_t:.2f} tokens per plain step" if rate_e != rate_t else ""
         bet = f"(at most {a:.2f})" if optimistic else f"{a:.2f}"
         tries = "" if optimistic else f", tries on hope paid from {PROBE_SHARE:.0%} of each token's plain step"
         return (f"fallback: {'lookup' if lookup else 'draft'} acceptance {bet} is below the {need:.2f} a "
-                f"draft token must reach to pay ({draft:.2f} draft + {c.extra(2):.2f} verify{more} plain steps"
-                f"{at_rate}); plain decoding, probing after {self.probe_wait}+ tokens{tries}")
+                f"draft token must reach to pay ({draft:.2f} draft + {c.extra(2):.2f} verify{more} plain steps); "
+                f"plain decoding, probing after {self.probe_wait}+ tokens{tries}")
 
     def round(self, k: int) -> Round:
         return Round(self, k, self.rate())
