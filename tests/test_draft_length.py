@@ -1,12 +1,14 @@
 """The per-token draft-length policy against synthetic drafters (known costs, known
 acceptance by confidence: policy_util.py), and its fallback in the real loop."""
 
+import re
+
 import numpy as np
 import pytest
 
 import tiny_models
 from mlxspec.costs.cost_model import CostModel, assumed
-from mlxspec.costs.draft_length import PROBE_MAX, FixedK, PerToken, Round
+from mlxspec.costs.draft_length import PROBE_MAX, FixedK, Mean, PerToken, Round
 from mlxspec.trees.budget import TreeBudget
 from mlxspec.drafting.drafters import ModelDrafter
 from mlxspec.decoder import SpeculativeDecoder
@@ -87,10 +89,6 @@ def test_the_fallback_note_does_not_contradict_itself_after_rounds_that_lost():
     """The rule judges a first draft token against plain decoding's one token a plain step
     (`worth_drafting`); the note once scaled the bar by the recent rate, so after rounds
     that lost (half a token a plain step) it read "(at most 0.51) is below the 0.30"."""
-    import re
-
-    from mlxspec.costs.draft_length import Mean
-
     stats = GenerationStats()
     pol = PerToken(assumed(0.3, slope=0.3))  # a first draft token must reach 0.3 + 0.3 plain steps
     pol.start(stats)

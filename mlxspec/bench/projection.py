@@ -18,6 +18,7 @@ that produced the first round's tokens are left out: they come with the prompt.
 
 from __future__ import annotations
 
+from ..costs.profiles import price, round_parts
 from .figures import median
 
 
@@ -38,8 +39,6 @@ def mlxlm_work(from_draft: list, k: int, max_tokens: int) -> list[tuple]:
 
 def after_first_round(work: list, first_tokens: int) -> list:
     """The rounds after those that emitted the first `first_tokens` tokens."""
-    from ..costs.profiles import round_parts
-
     i = 0
     while first_tokens > 0 and i < len(work):
         first_tokens -= round_parts(work[i])[2]
@@ -61,8 +60,6 @@ def run_work(record: dict, contender: dict, max_tokens: int) -> list | None:
 def project(records: list[dict], contenders: list[dict], costs: dict, max_tokens: int) -> list[dict]:
     """Rows (temp, suite, contender, projected, runs) -- `costs`: contender name -> the CostModel
     its work is priced by.  Adds `projected_speedup` to each record."""
-    from ..costs.profiles import price
-
     by_name = {c["name"]: c for c in contenders}
     for r in records:
         work, cm = run_work(r, by_name.get(r["contender"], {}), max_tokens), costs.get(r["contender"])

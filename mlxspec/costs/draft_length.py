@@ -156,12 +156,17 @@ class Round:
         hope = self.optimistic and not (self.kept and exploring(pol))  # a try hopes for its first token only
         a = pol.mean_acceptance(lookup, optimistic=hope)  # the bet on the next token: optimism under uncertainty
         step = pol.cost.draft_step if step_cost is None else step_cost
-        cost = step + pol.cost.extra(self.kept + 2) + self.refeed_risk(a)
+        cost = self.next_cost(step, a)
         if pays_ahead(self.p, a, pol.mean_acceptance(lookup), cost, self._later(step),
                       *bar(self.t, self.e, self.rate), self.horizon):
             return True
         self.stop_reason = "cost"
         return False
+
+    def next_cost(self, step: float, a: float) -> float:
+        """Plain steps the next token costs `more`: its draft step, the verify position it
+        adds, and its re-feed risk when kept with probability `a`."""
+        return step + self.policy.cost.extra(self.kept + 2) + self.refeed_risk(a)
 
     def _later(self, step: float):
         """The cost of the j-th token after the next one (for pays_ahead)."""
@@ -340,8 +345,7 @@ class PerToken:
         for step, lookup in self.sources:
             a = self.mean_acceptance(lookup, optimistic=optimistic)
             draft = c.draft_step if step is None else step
-            refeed = rnd.refeed_risk(a)
-            need = draft + c.extra(2) + refeed
+            refeed, need = rnd.refeed_risk(a), rnd.next_cost(draft, a)
             if best is None or a - need > best[0] - best[1]:
                 best = (a, need, draft, refeed, lookup)
         a, need, draft, refeed, lookup = best
