@@ -4,11 +4,12 @@
     python benchmarks/draft_calibration.py --temp 0 --profile apple-m1-7b --suites chat
 
 The per-token policy (costs/draft_length.py) prices a drafted token at the acceptance seen
-for drafts of its confidence (the draft's top probability there), starting from a prior of
-acceptance = confidence.  This runs the default (`auto`, trees) on every prompt of each
-suite, deciding by `--profile` (apple-m3plus-7b by default: deep rounds, so many outcomes),
-and tallies every draft outcome the policy is told of -- (confidence, kept) for each draft
-up to and including a path's first rejected one -- by confidence band.  Counts only, no
+for drafts of its confidence (the draft's top probability there), starting from a prior
+(costs/confidence.py: acceptance = confidence greedy; at T > 0 the curve this measured).
+This runs the default (`auto`, trees) on every prompt of each suite, deciding by
+`--profile` (apple-m3plus-7b by default: deep rounds, so many outcomes), and tallies
+every draft outcome the policy is told of -- (confidence, kept) for each draft up to
+and including a path's first rejected one -- by confidence band.  Counts only, no
 clock: the same command gives the same table.  Lookup proposals (no confidence) are left out.
 """
 

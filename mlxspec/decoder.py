@@ -242,7 +242,7 @@ class SpeculativeDecoder:
         stats = stats if stats is not None else GenerationStats()
         stats.drafter = self.drafter.name
         if hasattr(self.policy, "start"):
-            self.policy.start(stats)  # adaptive policies note a fallback in stats.notes
+            self.policy.start(stats, sampled=not params.greedy)  # notes a fallback in stats.notes
         trees = self.trees
         if self.tree_note and (self.tree is True or self.tree_note.kind in NOTED_KINDS):  # asked for, or unexpected
             stats.notes.append(f"verifying chains: {self.tree_note.text}")

@@ -287,7 +287,7 @@ def test_a_round_that_goes_well_drafts_on_while_tokens_beat_the_long_run_rate():
 
     pol = PerToken(costs(0.3), 12)
     for c in (0.95, 0.98, 0.99, 1.0):  # sure drafts are kept 90 % of the time
-        pol.kept[pol._bucket(c)], pol.seen[pol._bucket(c)] = 9.0, 10.0
+        pol.calibration.kept[pol.calibration.bucket(c)], pol.calibration.seen[pol.calibration.bucket(c)] = 9.0, 10.0
     own = drafted(None)
     assert drafted(1.2) > own, "a low long-run rate: more tokens are worth drafting"
     assert drafted(50.0) == own, "a long-run rate above the round's own E/T changes nothing"
@@ -325,7 +325,7 @@ def test_a_tree_grows_on_while_its_nodes_beat_the_long_run_rate():
     long-run rate, and no deeper under one above the tree's own E/T."""
     def depth(rate):
         pol = PerToken(costs(0.3), 12)
-        pol.kept[pol._bucket(0.97)], pol.seen[pol._bucket(0.97)] = 9.0, 10.0
+        pol.calibration.kept[pol.calibration.bucket(0.97)], pol.calibration.seen[pol.calibration.bucket(0.97)] = 9.0, 10.0
         pol.rate = lambda: rate
         budget, v, d = TreeBudget(pol, 12), 1.0, 0
         while budget.expand([v], d) and budget.include(v * pol.acceptance(0.97), d + 1):

@@ -166,8 +166,9 @@ def test_chi_square_fails_when_siblings_keep_the_spine_token_in_q(lookup_pair, m
 
 def policy_with(lookup_acceptance: float, cost: CostModel) -> PerToken:
     pol = PerToken(cost, 12)
-    b = pol._bucket(None)
-    pol.kept[b], pol.seen[b] = lookup_acceptance * 10, 10.0
+    cal = pol.calibration
+    b = cal.bucket(None)
+    cal.kept[b], cal.seen[b] = lookup_acceptance * 10, 10.0
     return pol
 
 

@@ -37,16 +37,18 @@ ahead (`pays_ahead`): it goes on while drafting h more tokens raises E/T for som
 h up to the cap, at the mean acceptance for the tokens after the next one; with
 h = 1 that is the inequality above.  For `offer`
 the draft step is already paid, so cost = V(i + 2) - V(i + 1) and a is the
-acceptance observed for drafts of that confidence (a table of confidence
-buckets, starting from a = confidence); for `more` the token is not drafted yet,
-so cost = c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately,
-taken at the upper end of its 80 % confidence interval (optimism under
-uncertainty): the evidence behind it is thin after a few rounds -- a round that
-stops at one token observes one outcome -- and an early rejection must not keep
-the rounds short for the rest of a generation.  The interval's width counts
-every outcome (not decayed), so on a long generation the bound closes in on the
-mean and costs nothing.  (The tokens after the next, in the look-ahead, count at
-the mean itself.)  No other knobs: the threshold follows from the pair's costs.
+acceptance observed for drafts of that confidence (costs/confidence.py: a table
+of confidence buckets per sampling mode, from a = c greedy and from the draft's
+measured curve sampling);
+for `more` the token is not drafted yet, so cost = c + V(i + 2) - V(i + 1) and a
+is the mean acceptance observed lately, taken at the upper end of its 80 %
+confidence interval (optimism under uncertainty): the evidence behind it is thin
+after a few rounds -- a round that stops at one token observes one outcome -- and
+an early rejection must not keep the rounds short for the rest of a generation.
+The interval's width counts every outcome (not decayed), so on a long generation
+the bound closes in on the mean and costs nothing.  (The tokens after the next,
+in the look-ahead, count at the mean itself.)  No other knobs: the threshold
+follows from the pair's costs.
 
 A target with recurrent layers (hybrid / state-space models, core/recurrent.py) pays
 more for a rejection: its accepted positions are fed again in the next pass, and
@@ -76,41 +78,14 @@ a seeded sampling run gives the same tokens every time.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
+from .confidence import DECAY, PRIOR_WEIGHT, Calibration, Mean
 from .exploration import PROBE_SHARE, Ledger, exploring
 
 DEFAULT_MAX_K = 12  # --num-draft-max
-BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)  # confidence bucket edges
-PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
-DECAY = 0.98  # older observations fade, so acceptance follows the text
 PROBE_EVERY, PROBE_MAX = 16, 128  # plain tokens between probes while in fallback (doubling)
 RATE_PRIOR = (3.0, 2.0)  # (tokens, plain steps) behind the long-run rate before any round: 1.5x
 RATE_DECAY = 0.9  # per round: the long-run rate follows the text
 SIBLING_PRIOR = (1.0, 1.0)  # (taken, predicted) behind a tree's sibling scale before any sibling was verified
-Z_80 = 1.28  # one-sided 90 % normal quantile: the optimistic bound on the mean acceptance that `more` bets on
-
-
-class Mean:
-    """A source's mean acceptance: `kept` of `seen` outcomes (decayed, the prior
-    included) and the `evidence` behind its optimistic bound (the prior's weight plus
-    every outcome since, not decayed)."""
-
-    def __init__(self, prior: float):
-        self.kept, self.seen, self.evidence = prior * PRIOR_WEIGHT, PRIOR_WEIGHT, PRIOR_WEIGHT
-
-    def add(self, kept: bool) -> None:
-        self.kept, self.seen, self.evidence = DECAY * self.kept + kept, DECAY * self.seen + 1, self.evidence + 1
-
-    def halve(self) -> None:
-        """Forget half of it (a probe's outcomes then count)."""
-        self.kept, self.seen, self.evidence = self.kept / 2, self.seen / 2, self.evidence / 2
-
-    def value(self, optimistic: bool = False) -> float:
-        a = self.kept / self.seen
-        return min(1.0, a + Z_80 * (a * (1 - a) / self.evidence) ** 0.5) if optimistic else a
-
-
 def bar(t: float, e: float, rate: float | None) -> tuple[float, float]:
     """(T, E) whose ratio a drafted token's marginal rate must beat: min(rate, E/T) (the
     module's docstring), or the round's own E/T without a long-run rate."""
@@ -240,10 +215,7 @@ class PerToken:
         if not self.sources:  # a drafter that says neither: priced as a model's drafts (never "nothing pays")
             self.sources = [(None, False)]
         self.k = max_k  # the cap, as FixedK.k
-        # acceptance by confidence bucket (last one: deterministic proposals), with priors
-        centers = [(lo + hi) / 2 for lo, hi in zip((0.0,) + BUCKETS, BUCKETS + (1.0,))]
-        self.kept = [c * PRIOR_WEIGHT for c in centers] + [0.5 * PRIOR_WEIGHT]
-        self.seen = [PRIOR_WEIGHT] * (len(centers) + 1)
+        self.calibration = Calibration()  # acceptance by confidence, per sampling mode (costs/confidence.py)
         self.mean = {False: Mean(0.6), True: Mean(0.5)}  # by source: the draft model, lookup (True)
         self.siblings = list(SIBLING_PRIOR)  # a tree's later siblings: [taken, predicted] (trees/budget.py)
         self.forced = False  # a probe: draft regardless of the rule
@@ -255,17 +227,16 @@ class PerToken:
         self.rates = list(RATE_PRIOR)  # recent rounds' tokens and predicted plain steps: decayed sums
         self.ledger = Ledger()  # what exploring may still cost (costs/exploration.py)
 
-    def start(self, stats) -> None:
+    def start(self, stats, sampled: bool = False) -> None:
+        """A generation begins (`sampled`: at a temperature above 0, whose drafts are priced and
+        learnt from in a calibration table of their own)."""
         self.stats = stats
+        self.calibration.use(sampled)
         self.plain_since = self.probe_wait  # a new prompt may suit the drafter: probe at once
         self.ledger.start()
 
-    def _bucket(self, confidence):
-        return len(self.seen) - 1 if confidence is None else bisect_right(BUCKETS, confidence)
-
     def acceptance(self, confidence) -> float:
-        b = self._bucket(confidence)
-        return self.kept[b] / self.seen[b]
+        return self.calibration.acceptance(confidence)
 
     def mean_acceptance(self, lookup: bool = False, optimistic: bool = False) -> float:
         return self.mean[lookup].value(optimistic)
@@ -387,9 +358,7 @@ class PerToken:
             if conf == "refused":
                 self.mean[False].add(False)
                 continue
-            b = self._bucket(conf)
-            self.kept[b] = DECAY * self.kept[b] + kept
-            self.seen[b] = DECAY * self.seen[b] + 1
+            self.calibration.add(conf, kept)
             self.mean[conf is None].add(kept)
 
     def _note(self, text: str) -> None:
