@@ -15,7 +15,8 @@ over their price, plain decoding costing one step a token.  Medians over prompts
 
 Greedy outputs must equal plain decoding's (checked against mlx-lm's, which is the
 target's argmax too, modulo near-ties).  At T > 0 mlxspec samples by rejection (the
-default without a seed) with seed + prompt index; mlx-lm with the same seed.  Work
+default without a seed; `--sampling coupled`: the same text whatever drafts, so runs that decide
+differently compare on one text) with seed + prompt index; mlx-lm with the same seed.  Work
 counts are deterministic: no timing noise enters these figures; what they rest on is
 the profile (docs/profiles.md) and this pair's acceptance.
 """
@@ -54,6 +55,8 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampling", choices=("rejection", "coupled"), default="rejection",
+                    help="mlxspec's sampling at T > 0 (coupled: the same text whatever drafts, core/coupled.py)")
     ap.add_argument("--profiles", default=PROFILES)
     ap.add_argument("--out", default=None, help="write every run's figures (and its rounds' work) as JSON here")
     a = ap.parse_args(argv)
@@ -72,7 +75,7 @@ def main(argv=None):
             ref_work = mlxlm_work(ref.from_draft, 3, a.max_tokens)
             for name, prof in profiles.items():
                 dec = make_decoder(pair, "model", None, cost_profile=name)
-                kw = dict(temp=temp) if temp == 0 else dict(temp=temp, seed=seed, sampling="rejection")
+                kw = dict(temp=temp) if temp == 0 else dict(temp=temp, seed=seed, sampling=a.sampling)
                 stream = stream_generate(pair, ids, max_tokens=a.max_tokens, decoder=dec, **kw)
                 stream.stats.rounds = []
                 tokens = [c.token for c in stream if c.token >= 0]
