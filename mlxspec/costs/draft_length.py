@@ -39,16 +39,15 @@ h = 1 that is the inequality above.  For `offer`
 the draft step is already paid, so cost = V(i + 2) - V(i + 1) and a is the
 acceptance observed for drafts of that confidence (costs/confidence.py: a table
 of confidence buckets per sampling mode, from a = c greedy and from the draft's
-measured curve sampling);
-for `more` the token is not drafted yet, so cost = c + V(i + 2) - V(i + 1) and a
-is the mean acceptance observed lately, taken at the upper end of its 80 %
-confidence interval (optimism under uncertainty): the evidence behind it is thin
-after a few rounds -- a round that stops at one token observes one outcome -- and
-an early rejection must not keep the rounds short for the rest of a generation.
-The interval's width counts every outcome (not decayed), so on a long generation
-the bound closes in on the mean and costs nothing.  (The tokens after the next,
-in the look-ahead, count at the mean itself.)  No other knobs: the threshold
-follows from the pair's costs.
+measured curve at T > 0); for `more` the token is not drafted yet, so cost =
+c + V(i + 2) - V(i + 1) and a is the mean acceptance observed lately, taken at
+the upper end of its 80 % confidence interval (optimism under uncertainty): the
+evidence behind it is thin after a few rounds -- a round that stops at one token
+observes one outcome -- and an early rejection must not keep the rounds short for
+the rest of a generation.  The interval's width counts every outcome (not
+decayed), so on a long generation the bound closes in on the mean and costs
+nothing.  (The tokens after the next, in the look-ahead, count at the mean
+itself.)  No other knobs: the threshold follows from the pair's costs.
 
 A target with recurrent layers (hybrid / state-space models, core/recurrent.py) pays
 more for a rejection: its accepted positions are fed again in the next pass, and
