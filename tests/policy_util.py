@@ -92,5 +92,27 @@ class Text:
         return tokens, cost, lengths
 
 
+def reply(profile, accept, tokens=40, confidence=uniform(0.3, 0.9), seed=0, sampled=False):
+    """(speed over plain, drafted per round) of one reply of `tokens` tokens under a shipped
+    profile's costs (a plain step is one; the draft's catch-up after plain rounds priced
+    too), by a fresh PerToken policy; `sampled`: a generation at T > 0 (its prior)."""
+    from mlxspec.core.stats import GenerationStats
+    from mlxspec.costs import profiles
+    from mlxspec.costs.draft_length import PerToken
+
+    cm = profiles.profile_cost(profile)
+    pol = PerToken(cm, 12)
+    pol.start(GenerationStats(), sampled=sampled)
+    text = Text(confidence, accept, seed=seed)
+    emitted, cost, lengths, lag = 0, 0.0, [], 0
+    while emitted < tokens:
+        n, c, drafted = text.run(pol, 1)
+        c += (cm.draft_width(lag + 1) - cm.draft_width(1)) if drafted[0] and lag else 0.0
+        lag = 0 if drafted[0] else lag + 1
+        emitted, cost = emitted + n, cost + c
+        lengths += drafted
+    return emitted / cost, lengths
+
+
 def policy_cost(policy):
     return policy.cost if hasattr(policy, "cost") else policy.true_cost

@@ -10,13 +10,12 @@ import pytest
 import tiny_models
 from mlxspec.core.sampling import SamplingParams
 from mlxspec.core.stats import GenerationStats
-from mlxspec.costs import profiles
 from mlxspec.costs.confidence import Calibration, prior
 from mlxspec.costs.cost_model import assumed
 from mlxspec.costs.draft_length import PerToken
 from mlxspec.decoder import SpeculativeDecoder
 from mlxspec.drafting.drafters import ModelDrafter
-from policy_util import Text, uniform
+from policy_util import reply, uniform
 
 
 def test_each_mode_starts_from_its_own_prior():
@@ -74,27 +73,13 @@ def test_the_decoder_tells_the_policy_its_mode():
     assert tables()[1] != fresh[1] and tables()[2:] == [sampled_kept, sampled_seen]
 
 
-def reply(profile, accept, confidence, seed, tokens=40):
-    """One sampled reply's speed over plain, priced by the profile (as test_exploration.reply)."""
-    cm = profiles.profile_cost(profile)
-    pol = PerToken(cm, 12)
-    pol.start(GenerationStats(), sampled=True)
-    text = Text(confidence, accept, seed=seed)
-    emitted, cost, lag = 0, 0.0, 0
-    while emitted < tokens:
-        n, c, drafted = text.run(pol, 1)
-        c += (cm.draft_width(lag + 1) - cm.draft_width(1)) if drafted[0] and lag else 0.0
-        lag = 0 if drafted[0] else lag + 1
-        emitted, cost = emitted + n, cost + c
-    return emitted / cost
-
-
 def test_an_over_confident_sampled_draft_costs_a_dear_short_reply_less():
     """Under apple-m1-7b (a verify position costs 0.64 plain steps) a sampled draft that says
     0.80-0.95 and is kept as the default pair's is at T = 0.7 (the measured curve): priced
     at acceptance = c, early rounds bet deep on it (median 0.936x plain over 20 replies of
     40 tokens); from the measured curve, 0.966x."""
-    speeds = [reply("apple-m1-7b", lambda c: prior(c, True), uniform(0.8, 0.95), seed) for seed in range(20)]
+    speeds = [reply("apple-m1-7b", lambda c: prior(c, True), confidence=uniform(0.8, 0.95), seed=seed, sampled=True)[0]
+              for seed in range(20)]
     assert np.median(speeds) >= 0.95, sorted(speeds)
 
 
@@ -103,5 +88,6 @@ def test_a_sampled_draft_that_pays_is_not_held_back(profile):
     """Kept 90 % of the time though it says 0.90-1.0 (the sampled prior is lower there): it
     pays over 300 tokens (under apple-m1-7b a run of early rejections can leave a reply
     near plain: 0.96-0.98x in 3 of 6 seeds, either prior; 1.06x on average)."""
-    speeds = [reply(profile, lambda c: 0.9, uniform(0.9, 1.0), seed, tokens=300) for seed in range(6)]
+    speeds = [reply(profile, lambda c: 0.9, tokens=300, confidence=uniform(0.9, 1.0), seed=seed, sampled=True)[0]
+              for seed in range(6)]
     assert np.mean(speeds) > 1.0 and min(speeds) > 0.95, speeds

@@ -9,26 +9,9 @@ from mlxspec.core.stats import GenerationStats
 from mlxspec.costs import profiles
 from mlxspec.costs.draft_length import PerToken
 from mlxspec.costs.exploration import PROBE_SHARE
-from policy_util import Text, uniform
+from policy_util import reply, uniform
 
 DEAR = ("apple-m1-7b", "apple-m3plus-1.5b")  # a dear verify position; a dear draft step
-
-
-def reply(profile, accept, tokens=40, confidence=uniform(0.3, 0.9), seed=0):
-    """(speed over plain, drafted per round) of one reply of `tokens` tokens, priced by the
-    profile (a plain step is one; the draft's catch-up after plain rounds priced too)."""
-    cm = profiles.profile_cost(profile)
-    pol = PerToken(cm, 12)
-    pol.start(GenerationStats())
-    text = Text(confidence, accept, seed=seed)
-    emitted, cost, lengths, lag = 0, 0.0, [], 0
-    while emitted < tokens:
-        n, c, drafted = text.run(pol, 1)
-        c += (cm.draft_width(lag + 1) - cm.draft_width(1)) if drafted[0] and lag else 0.0
-        lag = 0 if drafted[0] else lag + 1
-        emitted, cost = emitted + n, cost + c
-        lengths += drafted
-    return emitted / cost, lengths
 
 
 @pytest.mark.parametrize("profile", DEAR)

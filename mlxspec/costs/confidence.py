@@ -60,6 +60,7 @@ def prior(confidence: float, sampled: bool) -> float:
     (the module's docstring): c greedy, SAMPLED_PRIOR's curve sampling."""
     if not sampled:
         return confidence
+    confidence = min(max(confidence, 0.0), 1.0)
     pts = SAMPLED_PRIOR
     j = next(i for i in range(1, len(pts)) if confidence <= pts[i][0])
     (c0, a0), (c1, a1) = pts[j - 1], pts[j]
@@ -78,7 +79,6 @@ class Calibration:
 
     def use(self, sampled: bool) -> None:
         """Price and learn from now on in this mode (greedy: False)."""
-        self.sampled = sampled
         self.kept, self.seen = self.tables[sampled]
 
     def bucket(self, confidence: float | None) -> int:
