@@ -83,7 +83,7 @@ def test_an_over_confident_sampled_draft_costs_a_dear_short_reply_less():
     assert np.median(speeds) >= 0.95, sorted(speeds)
 
 
-@pytest.mark.parametrize("profile", ("apple-m1-7b", "apple-m3plus-1.5b", "apple-m3plus-7b"))
+@pytest.mark.parametrize("profile", ("apple-m1-7b", "apple-m3plus-1.5b"))  # where a prior can hold it back
 def test_a_sampled_draft_that_pays_is_not_held_back(profile):
     """Kept 90 % of the time though it says 0.90-1.0 (the sampled prior is lower there): it
     pays over 300 tokens (under apple-m1-7b a run of early rejections can leave a reply

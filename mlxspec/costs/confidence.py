@@ -14,11 +14,10 @@ is kept 0.68-0.78 of the time at T = 0.7, greedy 0.91-1.00.  The sampled table
 starts from that measured curve (SAMPLED_PRIOR: benchmarks/draft_calibration.py
 --temp 0.7 --seeds 0,100, code, chat and creative pooled, at most the confidence and
 rising with it: the 0.98-0.99 band, 0.90 of 60, left out; docs/profiles.md), between
-its points by straight lines.  Each bucket's prior
-counts PRIOR_WEIGHT outcomes, so a pair calibrated otherwise soon shows it.  Each
-mode keeps a table of its own, so a Session or server that switches temperature
-never prices one mode's drafts with the other's outcomes.  Old outcomes fade
-(DECAY), so the tables follow the text.
+its points by straight lines.  Each bucket's prior counts PRIOR_WEIGHT outcomes, so
+a pair calibrated otherwise soon shows it.  Each mode keeps a table of its own, so a
+Session or server that switches temperature never prices one mode's drafts with the
+other's outcomes.  Old outcomes fade (DECAY), so the tables follow the text.
 """
 
 from __future__ import annotations
